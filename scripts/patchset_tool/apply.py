@@ -1,0 +1,250 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Applying the series: to a copy of the installed package, or to a checkout.
+
+Package mode never writes into the installed vLLM. It verifies every base
+file the series touches against RECORD, builds the patched copy in a
+staging directory next to the destination, checks the result against the
+overlay, and only then renames it into place: an interrupted or failed
+apply leaves the previous tree (or none), never a half-patched one.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import envmgr, gitutil, paths
+from .errors import PatchsetError
+from .pristine import Install, find_install
+from .series import Patch, load_series
+
+STAMP = ".patchset-stamp.json"
+KILL_AFTER_VAR = "PATCHSET_TEST_KILL_AFTER"
+
+
+@dataclass
+class Summary:
+    patches: int
+    files: int
+    hunks: int
+    verified_base: int
+    seconds: float
+    dest: Path | None
+
+    def __str__(self) -> str:
+        where = f"into {self.dest}" if self.dest else "(--check: nothing written)"
+        return (
+            f"applied {self.patches} patches, {self.files} files, {self.hunks} "
+            f"hunks {where}; {self.verified_base} base files match RECORD; "
+            f"result equals vllm_overlay/ and {paths.MODEL_TESTS}/; "
+            f"{self.seconds:.2f} s"
+        )
+
+
+def touched_files(patches: list[Patch]) -> dict[str, bool]:
+    """Every path the series touches, mapped to whether it existed before."""
+    first_touch: dict[str, bool] = {}
+    for patch in patches:
+        for diff in patch.files:
+            first_touch.setdefault(diff.path, not diff.is_new)
+    return first_touch
+
+
+def series_digest(install: Install) -> str:
+    """What a patched tree was built from: the series, the patches, the
+    overlay and the base install."""
+    h = hashlib.sha256(str(install.site).encode())
+    h.update(paths.SERIES.read_bytes())
+    for patch in load_series(paths.PATCHES):
+        h.update(patch.path.read_bytes())
+    for path in sorted(paths.OVERLAY.rglob("*")):
+        if path.is_file():
+            h.update(str(path.relative_to(paths.OVERLAY)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def default_install() -> Install:
+    python = envmgr.env_python()
+    assert python is not None
+    return find_install(envmgr.site_packages(python))
+
+
+def _check_base(install: Install, patches: list[Patch]) -> list[str]:
+    """Verify the base files; return the vllm/ paths that must pre-exist."""
+    existing, problems = [], []
+    for path, existed in touched_files(patches).items():
+        in_wheel = path.startswith("vllm/")
+        if existed and in_wheel:
+            existing.append(path)
+        elif existed:
+            problems.append(f"{path}: modified by the series but not shipped "
+                            "in the wheel; use --vllm-src")
+        elif in_wheel and (install.site / path).exists():
+            creator = next(p.name for p in patches if p.file(path))
+            problems.append(f"{creator}: creates {path}, which already exists "
+                            f"in {install.site}")
+    if problems:
+        raise PatchsetError("the series cannot apply here:\n  " + "\n  ".join(problems))
+    install.verify(existing)
+    return existing
+
+
+def _copy_package(install: Install, staging: Path) -> None:
+    """Copy the installed package into `staging`, linking extensions."""
+    def copy(src: str, dst: str) -> None:
+        if src.endswith(".so"):
+            os.symlink(src, dst)
+        else:
+            shutil.copyfile(src, dst)
+
+    shutil.copytree(install.package, staging / "vllm", copy_function=copy,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(install.dist_info, staging / install.dist_info.name)
+
+
+def _apply_patches(patches: list[Patch], staging: Path) -> None:
+    env = gitutil.outside_repo_env(staging)
+    kill_after = os.environ.get(KILL_AFTER_VAR)
+    for number, patch in enumerate(patches, 1):
+        proc = subprocess.run(
+            [gitutil.git_exe(), "apply", "--whitespace=nowarn", str(patch.path)],
+            cwd=staging, env=env, text=True, capture_output=True)
+        if proc.returncode:
+            raise PatchsetError(gitutil.explain_failure(patch, proc.stderr)
+                                + f"\ngit apply said:\n{proc.stderr.strip()}")
+        if kill_after == str(number):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _compare_with_overlay(patches: list[Patch], staging: Path) -> None:
+    """The applied result must equal vllm_overlay/ and the model tests."""
+    problems = []
+    touched = touched_files(patches)
+    for path in touched:
+        reference = (paths.OVERLAY if path.startswith("vllm/") else paths.REPO) / path
+        result = staging / path
+        if not reference.is_file():
+            problems.append(f"{path}: the series changes it, but {reference} is missing")
+        elif result.read_bytes() != reference.read_bytes():
+            problems.append(f"{path}: the series' result differs from {reference}")
+    for extra in sorted(paths.OVERLAY.rglob("*")):
+        rel = extra.relative_to(paths.OVERLAY).as_posix()
+        if extra.is_file() and rel not in touched:
+            problems.append(f"vllm_overlay/{rel}: no patch in the series changes it")
+    if problems:
+        raise PatchsetError(
+            "series and overlay disagree:\n  " + "\n  ".join(problems)
+            + "\n(after editing, regenerate with `scripts/patchset refresh N`)")
+
+
+def _writable_parent(dest: Path) -> None:
+    """Raise if `dest`'s parent cannot take new entries (probed, since root
+    ignores permission bits)."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=dest.parent, prefix=".probe-")
+        probe.close()
+    except OSError as exc:
+        raise PatchsetError(
+            f"cannot write the patched tree to {dest}: {exc.strerror} "
+            f"({dest.parent}); choose a writable --dest"
+        ) from exc
+
+
+def remove_stale_staging(dest: Path) -> None:
+    for stale in dest.parent.glob(f".{dest.name}.staging-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for stale in dest.parent.glob(f".{dest.name}.old-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def apply_to_package(dest: Path | None, install: Install | None = None) -> Summary:
+    """Materialize the patched package at `dest` (None: check only)."""
+    start = time.monotonic()
+    gitutil.git_exe()
+    install = install or default_install()
+    patches = load_series(paths.PATCHES)
+    existing = _check_base(install, patches)
+    if dest is not None:
+        _writable_parent(dest)
+        remove_stale_staging(dest)
+        staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.staging-",
+                                        dir=dest.parent))
+    else:
+        staging = Path(tempfile.mkdtemp(prefix="patchset-check-"))
+    try:
+        _copy_package(install, staging)
+        _apply_patches(patches, staging)
+        _compare_with_overlay(patches, staging)
+        if dest is not None:
+            stamp = {"digest": series_digest(install), "base": str(install.site),
+                     "patches": [p.name for p in patches]}
+            (staging / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
+            _swap_into_place(staging, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Summary(len(patches), len(touched_files(patches)),
+                   sum(p.hunks for p in patches), len(existing),
+                   time.monotonic() - start, dest)
+
+
+def _swap_into_place(staging: Path, dest: Path) -> None:
+    old = None
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        dest.rename(old)
+    staging.rename(dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def is_current(dest: Path, install: Install) -> bool:
+    """Whether `dest` was built from the current series and base."""
+    try:
+        stamp = json.loads((dest / STAMP).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(stamp.get("digest") == series_digest(install))
+
+
+def apply_to_checkout(src: Path, check: bool) -> tuple[int, float]:
+    """`git am -3` the series onto a vLLM checkout (check: in a scratch
+    worktree, leaving `src` alone); return (patches, seconds)."""
+    start = time.monotonic()
+    patches = load_series(paths.PATCHES)
+    gitutil.require_clean_checkout(src)
+    if check:
+        with scratch_worktree(src) as scratch:
+            gitutil.am_series(scratch, patches)
+    else:
+        gitutil.am_series(src, patches)
+    return len(patches), time.monotonic() - start
+
+
+class scratch_worktree:
+    """A detached worktree of `src` at HEAD, removed on exit."""
+
+    def __init__(self, src: Path, branch: str | None = None) -> None:
+        self.src, self.branch = src, branch
+        self.path = Path(tempfile.mkdtemp(prefix="patchset-worktree-"))
+
+    def __enter__(self) -> Path:
+        self.path.rmdir()
+        args = ["-b", self.branch] if self.branch else ["--detach"]
+        gitutil.git("worktree", "add", "--quiet", *args, str(self.path), "HEAD",
+                    cwd=self.src)
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        gitutil.git("worktree", "remove", "--force", str(self.path),
+                    cwd=self.src, check=False)
+        shutil.rmtree(self.path, ignore_errors=True)
+        gitutil.git("worktree", "prune", cwd=self.src, check=False)

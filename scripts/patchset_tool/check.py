@@ -1,0 +1,132 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""`patchset check`: a fast offline consistency check that imports no vLLM.
+
+Patches are made with `git format-patch --full-index`, so each file's
+`index OLD..NEW` line carries full blob ids. The check proves, from hashes
+alone, that consecutive patches chain, that the last post-image of every
+vllm/ file is the overlay's file, and that every new test file is the
+project's copy under tests/models/glm5next/.
+"""
+
+import hashlib
+import re
+from pathlib import Path
+
+from . import envmgr, paths
+from .errors import PatchsetError
+from .pristine import find_install
+from .series import Patch, load_series, read_series
+
+SPDX = (
+    "# SPDX-License-Identifier: Apache-2.0\n"
+    "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n"
+)
+SUBJECT = re.compile(r"^\[[A-Za-z0-9 /._-]+\](\[[A-Za-z0-9 /._-]+\])* \S")
+SIGNED_OFF = re.compile(r"^Signed-off-by: .+ <[^@\s]+@[^>\s]+>$", re.M)
+NULL_BLOB = "0" * 40
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _check_header(patch: Patch) -> list[str]:
+    problems = []
+    if not SUBJECT.match(patch.subject):
+        problems.append(f"subject '{patch.subject}' lacks a vLLM-style "
+                        "'[Area] ' prefix")
+    why = SIGNED_OFF.sub("", patch.body).strip()
+    if len(why.split()) < 15:
+        problems.append("the body does not say why (under 15 words "
+                        "besides Signed-off-by)")
+    if not SIGNED_OFF.search(patch.body):
+        problems.append("no 'Signed-off-by: Name <email>' line")
+    return problems
+
+
+def _check_file_chain(patches: list[Patch]) -> tuple[list[str], dict[str, str]]:
+    """Blob ids must chain from patch to patch; return the final ids."""
+    problems, last = [], {}
+    for patch in patches:
+        for diff in patch.files:
+            if len(diff.new_blob) != 40 or len(diff.old_blob) != 40:
+                problems.append(f"{patch.name}: {diff.path}: index line lacks "
+                                "full blob ids (use format-patch --full-index)")
+                continue
+            previous = last.get(diff.path)
+            if previous is not None and previous != diff.old_blob:
+                problems.append(f"{patch.name}: {diff.path}: does not start "
+                                "where the previous patch left it")
+            last[diff.path] = diff.new_blob
+    return problems, last
+
+
+def _check_results(last: dict[str, str], new_files: set[str]) -> list[str]:
+    problems = []
+    for path, blob in last.items():
+        where = paths.OVERLAY if path.startswith("vllm/") else paths.REPO
+        copy = where / path
+        if blob == NULL_BLOB:
+            if copy.exists():
+                problems.append(f"{copy}: the series deletes it, but it exists")
+            continue
+        if not copy.is_file():
+            problems.append(f"{path}: changed by the series, missing at {copy}")
+            continue
+        data = copy.read_bytes()
+        if git_blob_id(data) != blob:
+            problems.append(f"{copy}: differs from the series' result "
+                            "(edited without `patchset refresh`?)")
+        if path in new_files and path.endswith(".py") and not data.decode(
+                errors="replace").startswith(SPDX):
+            problems.append(f"{path}: new file without the SPDX header")
+    for root, prefix in ((paths.OVERLAY, ""), (paths.REPO / paths.MODEL_TESTS,
+                                                str(paths.MODEL_TESTS) + "/")):
+        for extra in sorted(root.rglob("*")) if root.is_dir() else []:
+            if "__pycache__" in extra.parts or not extra.is_file():
+                continue
+            rel = prefix + extra.relative_to(root).as_posix()
+            if rel not in last:
+                problems.append(f"{extra}: not part of any patch in the series")
+    return problems
+
+
+def _check_base_files(patches: list[Patch], new_files: set[str]) -> str:
+    """Verify base files against RECORD when an environment exists."""
+    python = envmgr.env_python(require=False)
+    if python is None:
+        return "base files: not verified (no managed environment yet)"
+    install = find_install(envmgr.site_packages(python))
+    base = sorted({d.path for p in patches for d in p.files
+                   if d.path.startswith("vllm/") and d.path not in new_files})
+    install.verify(base)
+    return f"base files: {len(base)} match RECORD of vllm {install.version}"
+
+
+def check() -> list[str]:
+    """Run every check; raise listing all problems, else return notes."""
+    names = read_series(paths.PATCHES)
+    problems = []
+    listed = set(names)
+    for stray in sorted(paths.PATCHES.glob("*.patch")):
+        if stray.name not in listed:
+            problems.append(f"{stray}: not listed in {paths.SERIES}")
+    for number, name in enumerate(names, 1):
+        if not name.startswith(f"{number:04d}-"):
+            problems.append(f"{paths.SERIES}: entry {number} is {name}; "
+                            f"expected it to be numbered {number:04d}")
+    patches = load_series(paths.PATCHES)
+    for patch in patches:
+        problems += [f"{patch.name}: {p}" for p in _check_header(patch)]
+    chain_problems, last = _check_file_chain(patches)
+    new_files = {d.path for p in patches for d in p.files if d.is_new}
+    problems += chain_problems + _check_results(last, new_files)
+    if problems:
+        raise PatchsetError("check failed:\n  " + "\n  ".join(problems))
+    notes = [f"{len(patches)} patches in series, {len(last)} files, "
+             f"{sum(p.hunks for p in patches)} hunks: headers, blob chain, "
+             "overlay, model tests and SPDX headers agree"]
+    notes.append(_check_base_files(patches, new_files))
+    return notes
+

@@ -1,0 +1,106 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Thin wrappers over the git command line."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from .errors import PatchsetError
+from .series import Patch
+
+FAILED_AT = re.compile(r"error: patch failed: (\S+):(\d+)")
+AM_FAILED = re.compile(r"Patch failed at (\d{4})")
+EXISTS = re.compile(r"error: (\S+): already exists in (?:working directory|index)")
+CORRUPT = re.compile(r"(corrupt patch at line \d+)")
+
+
+def git_exe() -> str:
+    """The git executable; a clear error if there is none on PATH."""
+    exe = shutil.which("git")
+    if exe is None:
+        raise PatchsetError("git is not on PATH; install git (apt-get install git)")
+    return exe
+
+
+def git(*args: str, cwd: Path, check: bool = True,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run git in `cwd`; raise a PatchsetError with git's message on failure."""
+    proc = subprocess.run([git_exe(), *args], cwd=cwd, text=True,
+                          capture_output=True, env=env)
+    if check and proc.returncode:
+        raise PatchsetError(
+            f"git {' '.join(args)} failed in {cwd}:\n{proc.stderr.strip()}"
+        )
+    return proc
+
+
+def outside_repo_env(directory: Path) -> dict[str, str]:
+    """Environment in which git does not discover a repository above
+    `directory`, so `git apply` behaves like patch(1) there."""
+    env = dict(os.environ)
+    env["GIT_CEILING_DIRECTORIES"] = str(directory.parent)
+    return env
+
+
+def explain_failure(patch: Patch, output: str) -> str:
+    """Name the file and hunk at which `patch` failed, from git's output."""
+    if match := FAILED_AT.search(output):
+        path, line = match.group(1), int(match.group(2))
+        diff = patch.file(path)
+        hunk = diff.hunk_at(line) if diff else 0
+        where = f"hunk #{hunk} (line {line})" if hunk else f"line {line}"
+        return f"{patch.name}: {path}: {where} does not apply"
+    if match := EXISTS.search(output):
+        return (f"{patch.name}: creates {match.group(1)}, which already exists")
+    if match := CORRUPT.search(output):
+        return f"{patch.name}: {match.group(1)}"
+    return f"{patch.name}: does not apply"
+
+
+def require_clean_checkout(src: Path) -> str:
+    """HEAD of a clean vLLM git checkout; raise if it is not one."""
+    if not src.is_dir():
+        raise PatchsetError(f"{src}: no such directory")
+    top = git("rev-parse", "--show-toplevel", cwd=src, check=False)
+    if top.returncode or Path(top.stdout.strip()).resolve() != src.resolve():
+        raise PatchsetError(f"{src}: not the top of a git checkout")
+    git_dir = Path(git("rev-parse", "--absolute-git-dir", cwd=src).stdout.strip())
+    for marker in ("rebase-apply", "rebase-merge", "MERGE_HEAD"):
+        if (git_dir / marker).exists():
+            raise PatchsetError(
+                f"{src}: a git am/rebase/merge is in progress; finish or abort it"
+            )
+    dirty = git("status", "--porcelain", "--untracked-files=no", cwd=src).stdout
+    if dirty.strip():
+        raise PatchsetError(
+            f"{src}: has uncommitted changes; commit or stash them first:\n{dirty}"
+        )
+    return git("rev-parse", "HEAD", cwd=src).stdout.strip()
+
+
+def am_series(src: Path, patches: list[Patch]) -> None:
+    """`git am -3` the whole series onto HEAD of `src` as one session; on
+    failure abort it (HEAD and work tree return to where they were) and
+    raise naming the patch, file and hunk."""
+    if not patches:
+        return
+    head = git("rev-parse", "HEAD", cwd=src).stdout.strip()
+    proc = git("am", "-3", "--quiet", *(str(p.path) for p in patches),
+               cwd=src, check=False)
+    if proc.returncode == 0:
+        return
+    output = proc.stdout + proc.stderr
+    match = AM_FAILED.search(output)
+    failed = patches[int(match.group(1)) - 1] if match else patches[0]
+    git("am", "--abort", cwd=src, check=False)
+    restored = git("rev-parse", "HEAD", cwd=src).stdout.strip() == head
+    message = explain_failure(failed, output)
+    if not restored:
+        message += f"\n(could not restore HEAD to {head}; check {src})"
+    raise PatchsetError(
+        f"{message}\n{src} is left at {head[:12]}, as it was.\n"
+        f"git said:\n{output.strip()}"
+    )

@@ -1,0 +1,299 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Lint the overlay, the tests and the tool the way vLLM v0.33.0 lints.
+
+Checks, each run with the given Python's own tools:
+
+* `ruff check` and `ruff format --diff` over vllm_overlay/, tests/, scripts/;
+* mypy for Python 3.11, in groups as upstream's tools/pre_commit/mypy.py:
+  the overlay's files inside the patched tree (a full copy of the `vllm`
+  package, so their imports resolve to the patched code) at the configured
+  `follow_imports = "silent"`, tests/ with `--follow-imports skip` (upstream's
+  setting for tests/ and tests/models/), scripts/ at the configured setting;
+  site-packages are not searched, as in upstream's isolated hook environment;
+* typos (the binary that the `typos` PyPI package puts next to python);
+* vLLM's SPDX header, both lines, on every new overlay file and every Python
+  file under tests/ and scripts/ (an empty file passes, as upstream).
+
+Settings come from the repository's pyproject.toml.
+
+Usage: python -m patchset_tool.lint [--python PY] [--tree DIR]
+       [--new-file PATH ...] [--only CHECK ...] [FILE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+SPDX_HEADER = (
+    "# SPDX-License-Identifier: Apache-2.0",
+    "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project",
+)
+LINT_DIRS = ("vllm_overlay", "tests", "scripts")
+PYTHON_VERSION = "3.11"
+CHECKS = ("ruff check", "ruff format", "mypy", "typos", "spdx")
+
+Result = tuple[str, bool, str]
+
+
+def _run(
+    command: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> tuple[bool, str]:
+    """Run a command; (exit status 0, its output with the command line)."""
+    shown = "$ " + " ".join(command)
+    try:
+        done = subprocess.run(
+            command, cwd=cwd, env=env, capture_output=True, text=True, check=False
+        )
+    except OSError as exc:
+        return False, f"{shown}\ncannot run: {exc}"
+    output = (done.stdout + done.stderr).strip()
+    return done.returncode == 0, f"{shown}\n{output}".strip()
+
+
+def _python_scripts(directory: Path) -> list[Path]:
+    """Extension-less Python scripts (a python shebang) in a directory."""
+    found = []
+    for path in sorted(directory.glob("*")):
+        if path.is_file() and not path.suffix:
+            with path.open("rb") as handle:
+                first = handle.readline()
+            if first.startswith(b"#!") and b"python" in first:
+                found.append(path)
+    return found
+
+
+def _targets(repo: Path) -> list[str]:
+    targets = [name for name in LINT_DIRS if (repo / name).is_dir()]
+    if (repo / "scripts").is_dir():
+        targets += [
+            p.relative_to(repo).as_posix() for p in _python_scripts(repo / "scripts")
+        ]
+    return targets
+
+
+def _python_files(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def spdx_problems(files: list[Path]) -> list[str]:
+    """Files without both SPDX lines, as upstream's check_spdx_header.py:
+    each line must appear exactly (whitespace stripped); empty files pass."""
+    problems = []
+    for path in files:
+        try:
+            lines = {
+                line.strip() for line in path.read_text(encoding="utf-8").splitlines()
+            }
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(f"{path}: cannot read: {exc}")
+            continue
+        if not lines:
+            continue
+        missing = [line for line in SPDX_HEADER if line not in lines]
+        if missing:
+            problems.append(
+                f"{path}: missing " + " and ".join(repr(line) for line in missing)
+            )
+    return problems
+
+
+def _spdx(repo: Path, new_files: list[Path], extra: list[Path]) -> Result:
+    files = [
+        repo / f if not Path(f).is_absolute() else Path(f) for f in [*new_files, *extra]
+    ]
+    files += _python_files(repo / "tests")
+    files += _python_files(repo / "scripts" / "patchset_tool")
+    if (repo / "scripts").is_dir():
+        files += _python_scripts(repo / "scripts")
+    unique = sorted({p.resolve() for p in files})
+    problems = spdx_problems(unique)
+    summary = f"checked {len(unique)} files for the SPDX header"
+    return "spdx", not problems, "\n".join([*problems, summary])
+
+
+def _typos(repo: Path, python: str, targets: list[str]) -> Result:
+    binary = Path(python).parent / "typos"
+    if not binary.is_file():
+        found = shutil.which("typos")
+        if found is None:
+            return (
+                "typos",
+                False,
+                f"no typos binary next to {python} or "
+                "on PATH; install the pinned `typos` package",
+            )
+        binary = Path(found)
+    ok, output = _run([str(binary), "--force-exclude", *targets], repo)
+    return "typos", ok, output
+
+
+def _mypy(repo: Path, python: str, tree: Path) -> Result:
+    base = [
+        python,
+        "-m",
+        "mypy",
+        "--python-version",
+        PYTHON_VERSION,
+        "--config-file",
+        str(repo / "pyproject.toml"),
+        "--cache-dir",
+        str(repo / "build" / "mypy-cache"),
+        # Upstream's hook runs mypy in pre-commit's own environment, without
+        # vLLM's dependencies; not searching site-packages does the same
+        # (and avoids broken stubs there, such as opencv's).
+        "--no-site-packages",
+    ]
+    outputs: list[str] = []
+    ok = True
+
+    overlay = repo / "vllm_overlay"
+    files = [p.relative_to(overlay).as_posix() for p in _python_files(overlay)]
+    if files:
+        missing = [f for f in files if not (tree / f).is_file()]
+        if missing:
+            ok = False
+            outputs.append(
+                f"patched tree {tree} lacks {', '.join(missing)}; "
+                "apply the series first (scripts/patchset apply)"
+            )
+        else:
+            good, text = _run([*base, *files], tree)
+            ok &= good
+            outputs.append(text)
+
+    scripts = repo / "scripts"
+    if scripts.is_dir():
+        env = {**os.environ, "MYPYPATH": str(scripts)}
+        targets = [
+            p.relative_to(repo).as_posix()
+            for p in [
+                *_python_scripts(scripts),
+                *[
+                    d
+                    for d in sorted(scripts.iterdir())
+                    if (d / "__init__.py").is_file()
+                ],
+            ]
+        ]
+        if targets:
+            good, text = _run([*base, "--explicit-package-bases", *targets], repo, env)
+            ok &= good
+            outputs.append(text)
+
+    if _python_files(repo / "tests"):
+        good, text = _run(
+            [*base, "--follow-imports", "skip", "--explicit-package-bases", "tests"],
+            repo,
+        )
+        ok &= good
+        outputs.append(text)
+    return "mypy", ok, "\n\n".join(outputs)
+
+
+def run_lint(
+    repo: Path,
+    python: str,
+    new_files: list[Path] | None = None,
+    tree: Path | None = None,
+    only: list[str] | None = None,
+    spdx_files: list[Path] | None = None,
+) -> list[Result]:
+    """Run every check (or those named in `only`); one (name, ok, output)
+    per check, in the order of CHECKS.
+
+    `new_files` are overlay files that the series adds (they need the SPDX
+    header; files changed from upstream carry upstream's). `tree` is the
+    patched copy of the vllm package's parent directory (default:
+    build/vllm-patched), where the overlay's files are type-checked.
+    """
+    repo = repo.resolve()
+    tree = (tree or repo / "build" / "vllm-patched").resolve()
+    targets = _targets(repo)
+    wanted = set(only or CHECKS)
+    results: list[Result] = []
+    if "ruff check" in wanted:
+        ok, out = _run(
+            [
+                python,
+                "-m",
+                "ruff",
+                "check",
+                "--no-fix",
+                "--output-format",
+                "concise",
+                *targets,
+            ],
+            repo,
+        )
+        results.append(("ruff check", ok, out))
+    if "ruff format" in wanted:
+        ok, out = _run([python, "-m", "ruff", "format", "--diff", *targets], repo)
+        results.append(("ruff format", ok, out))
+    if "mypy" in wanted:
+        results.append(_mypy(repo, python, tree))
+    if "typos" in wanted:
+        results.append(_typos(repo, python, targets))
+    if "spdx" in wanted:
+        results.append(_spdx(repo, new_files or [], spdx_files or []))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m patchset_tool.lint",
+        description=(__doc__ or "").split("\n\n")[0],
+    )
+    parser.add_argument("--repo", type=Path, default=Path.cwd())
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        help="interpreter whose ruff/mypy/typos to use",
+    )
+    parser.add_argument(
+        "--tree",
+        type=Path,
+        default=None,
+        help="patched tree (default: build/vllm-patched)",
+    )
+    parser.add_argument(
+        "--new-file",
+        type=Path,
+        action="append",
+        default=[],
+        help="an overlay file the series adds (repeatable)",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=CHECKS,
+        help="run only this check (repeatable)",
+    )
+    parser.add_argument(
+        "files", type=Path, nargs="*", help="more files for the SPDX check"
+    )
+    args = parser.parse_args(argv)
+    results = run_lint(
+        args.repo, args.python, args.new_file, args.tree, args.only, args.files
+    )
+    for name, ok, output in results:
+        print(f"== {name}: {'ok' if ok else 'FAILED'}")
+        if not ok or output.count("\n") < 3:
+            print(output)
+    failed = [name for name, ok, _ in results if not ok]
+    if failed:
+        print(f"lint failed: {', '.join(failed)}")
+        return 1
+    print("lint passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

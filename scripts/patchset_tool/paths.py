@@ -1,0 +1,40 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Where things live: the project, its build outputs and the shared cache."""
+
+import os
+from pathlib import Path
+
+VLLM_VERSION = "0.33.0"
+VLLM_COMMIT = "4ba787ec9"
+
+REPO = Path(__file__).resolve().parents[2]
+PATCHES = REPO / "patches"
+SERIES = PATCHES / "series"
+OVERLAY = REPO / "vllm_overlay"
+MODEL_TESTS = Path("tests/models/glm5next")
+REQUIREMENTS = REPO / "ci" / "requirements"
+
+CACHE_ENV_VAR = "GLM5NEXT_PATCHSET_CACHE"
+BUILD_ENV_VAR = "GLM5NEXT_PATCHSET_BUILD"
+
+
+def build_dir() -> Path:
+    """The build directory: `build/` in the clone unless overridden."""
+    override = os.environ.get(BUILD_ENV_VAR)
+    return Path(override).resolve() if override else REPO / "build"
+
+
+def patched_tree() -> Path:
+    """The directory put first on sys.path to import the patched vLLM."""
+    return build_dir() / "vllm-patched"
+
+
+def cache_root() -> Path:
+    """The cache shared by every clone on this machine."""
+    override = os.environ.get(CACHE_ENV_VAR)
+    if override:
+        return Path(override).expanduser().resolve()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "glm5next-patchset"

@@ -1,0 +1,193 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Reading the `series` file and the `git format-patch` mbox patches."""
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import PatchsetError
+
+MBOX_FROM = re.compile(r"^From [0-9a-f]{40} Mon Sep 17 00:00:00 2001$")
+PATCH_NAME = re.compile(r"^\d{4}-[A-Za-z0-9._-]+\.patch$")
+HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)")
+
+
+@dataclass
+class FileDiff:
+    """One file's section of a patch."""
+
+    path: str
+    old_blob: str = ""
+    new_blob: str = ""
+    is_new: bool = False
+    is_deleted: bool = False
+    hunk_starts: list[int] = field(default_factory=list)
+
+    def hunk_at(self, line: int) -> int:
+        """1-based index of the hunk whose pre-image starts at `line`."""
+        for index, start in enumerate(self.hunk_starts, 1):
+            if start == line:
+                return index
+        return 0
+
+
+@dataclass
+class Patch:
+    """A parsed `git format-patch` mbox file."""
+
+    name: str
+    path: Path
+    author: str
+    subject: str
+    body: str
+    files: list[FileDiff]
+
+    @property
+    def hunks(self) -> int:
+        return sum(len(f.hunk_starts) for f in self.files)
+
+    def file(self, path: str) -> FileDiff | None:
+        return next((f for f in self.files if f.path == path), None)
+
+
+def read_series(patches_dir: Path) -> list[str]:
+    """Patch file names in `series`, in order; blank lines and # comments
+    are ignored."""
+    series = patches_dir / "series"
+    if not series.is_file():
+        raise PatchsetError(f"{series}: no series file")
+    names = []
+    for number, raw in enumerate(series.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if not PATCH_NAME.match(line):
+            raise PatchsetError(
+                f"{series}:{number}: '{line}' is not a NNNN-name.patch entry"
+            )
+        if line in names:
+            raise PatchsetError(f"{series}:{number}: '{line}' is listed twice")
+        names.append(line)
+    return names
+
+
+def load_series(patches_dir: Path) -> list[Patch]:
+    """Every patch of the series, parsed; a missing or corrupt one raises."""
+    patches = []
+    for name in read_series(patches_dir):
+        path = patches_dir / name
+        if not path.is_file():
+            raise PatchsetError(
+                f"{patches_dir / 'series'}: lists {name}, but {path} does not exist"
+            )
+        patches.append(parse_patch(path))
+    return patches
+
+
+def _header_value(lines: list[str], start: int) -> tuple[str, int]:
+    """An RFC 2822 header value with its folded continuation lines."""
+    value = lines[start].split(":", 1)[1].strip()
+    index = start + 1
+    while index < len(lines) and lines[index][:1] in (" ", "\t"):
+        value += " " + lines[index].strip()
+        index += 1
+    return value, index
+
+
+def parse_patch(path: Path) -> Patch:
+    """Parse one mbox patch; raise a PatchsetError naming the file and line
+    for anything that `git am` would reject or that is not a patch."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PatchsetError(f"{path}: not UTF-8 text ({exc.reason})") from exc
+    lines = text.split("\n")
+    if not lines or not MBOX_FROM.match(lines[0]):
+        raise PatchsetError(
+            f"{path}:1: not a `git format-patch` mbox (no 'From <sha> ...' line)"
+        )
+    headers: dict[str, str] = {}
+    index = 1
+    while index < len(lines) and lines[index]:
+        if ":" not in lines[index]:
+            raise PatchsetError(f"{path}:{index + 1}: malformed header line")
+        key = lines[index].split(":", 1)[0]
+        headers[key.lower()], index = _header_value(lines, index)
+    for required in ("from", "subject"):
+        if required not in headers:
+            raise PatchsetError(f"{path}: no {required.title()}: header")
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", headers["subject"])
+    body_start = index + 1
+    try:
+        separator = lines.index("---", body_start)
+    except ValueError:
+        raise PatchsetError(f"{path}: no '---' line ends the message") from None
+    body = "\n".join(lines[body_start:separator]).strip("\n")
+    files = _parse_diff(path, lines, separator + 1)
+    if not files:
+        raise PatchsetError(f"{path}: contains no 'diff --git' section")
+    return Patch(path.name, path, headers["from"], subject, body, files)
+
+
+def _parse_diff(path: Path, lines: list[str], start: int) -> list[FileDiff]:
+    """The file sections of a diff, validating every hunk's line counts."""
+    files: list[FileDiff] = []
+    index = start
+    while index < len(lines):
+        line = lines[index]
+        if line == "-- ":
+            break
+        if line.startswith("diff --git "):
+            match = re.match(r"^diff --git a/(\S+) b/(\S+)$", line)
+            if not match:
+                raise PatchsetError(f"{path}:{index + 1}: malformed diff header")
+            files.append(FileDiff(match.group(2)))
+        elif files and (m := INDEX.match(line)):
+            files[-1].old_blob, files[-1].new_blob = m.groups()
+        elif files and line.startswith("new file mode"):
+            files[-1].is_new = True
+        elif files and line.startswith("deleted file mode"):
+            files[-1].is_deleted = True
+        elif line.startswith("@@"):
+            if not files:
+                raise PatchsetError(f"{path}:{index + 1}: hunk outside a file")
+            index = _check_hunk(path, lines, index, files[-1])
+            continue
+        index += 1
+    return files
+
+
+def _check_hunk(path: Path, lines: list[str], index: int, diff: FileDiff) -> int:
+    """Validate the hunk at `index` against its header; return the next line."""
+    match = HUNK.match(lines[index])
+    if not match:
+        raise PatchsetError(f"{path}:{index + 1}: malformed hunk header")
+    old_start, old_len, _, new_len = match.groups()
+    want_old = int(old_len) if old_len is not None else 1
+    want_new = int(new_len) if new_len is not None else 1
+    diff.hunk_starts.append(int(old_start))
+    header_line = index + 1
+    index += 1
+    old = new = 0
+    while index < len(lines) and (old < want_old or new < want_new):
+        tag = lines[index][:1]
+        if tag == " ":
+            old, new = old + 1, new + 1
+        elif tag == "-":
+            old += 1
+        elif tag == "+":
+            new += 1
+        elif tag != "\\":
+            break
+        index += 1
+    if (old, new) != (want_old, want_new):
+        raise PatchsetError(
+            f"{path}:{header_line}: corrupt hunk {len(diff.hunk_starts)} of "
+            f"{diff.path}: header says -{want_old}/+{want_new} lines, "
+            f"body has -{old}/+{new}"
+        )
+    while index < len(lines) and lines[index].startswith("\\"):
+        index += 1
+    return index
