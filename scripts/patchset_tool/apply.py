@@ -27,6 +27,7 @@ from .series import Patch, load_series
 
 STAMP = ".patchset-stamp.json"
 KILL_AFTER_VAR = "PATCHSET_TEST_KILL_AFTER"
+SITE_VAR = "GLM5NEXT_PATCHSET_SITE"
 
 
 @dataclass
@@ -72,6 +73,11 @@ def series_digest(install: Install) -> str:
 
 
 def default_install() -> Install:
+    """The install the series applies to: the managed environment's, or
+    the site-packages named by GLM5NEXT_PATCHSET_SITE (a copy under test)."""
+    override = os.environ.get(SITE_VAR)
+    if override:
+        return find_install(Path(override))
     python = envmgr.env_python()
     assert python is not None
     return find_install(envmgr.site_packages(python))
@@ -85,12 +91,15 @@ def _check_base(install: Install, patches: list[Patch]) -> list[str]:
         if existed and in_wheel:
             existing.append(path)
         elif existed:
-            problems.append(f"{path}: modified by the series but not shipped "
-                            "in the wheel; use --vllm-src")
+            problems.append(
+                f"{path}: modified by the series but not shipped "
+                "in the wheel; use --vllm-src"
+            )
         elif in_wheel and (install.site / path).exists():
             creator = next(p.name for p in patches if p.file(path))
-            problems.append(f"{creator}: creates {path}, which already exists "
-                            f"in {install.site}")
+            problems.append(
+                f"{creator}: creates {path}, which already exists in {install.site}"
+            )
     if problems:
         raise PatchsetError("the series cannot apply here:\n  " + "\n  ".join(problems))
     install.verify(existing)
@@ -99,14 +108,19 @@ def _check_base(install: Install, patches: list[Patch]) -> list[str]:
 
 def _copy_package(install: Install, staging: Path) -> None:
     """Copy the installed package into `staging`, linking extensions."""
+
     def copy(src: str, dst: str) -> None:
         if src.endswith(".so"):
             os.symlink(src, dst)
         else:
             shutil.copyfile(src, dst)
 
-    shutil.copytree(install.package, staging / "vllm", copy_function=copy,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        install.package,
+        staging / "vllm",
+        copy_function=copy,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     shutil.copytree(install.dist_info, staging / install.dist_info.name)
 
 
@@ -116,10 +130,16 @@ def _apply_patches(patches: list[Patch], staging: Path) -> None:
     for number, patch in enumerate(patches, 1):
         proc = subprocess.run(
             [gitutil.git_exe(), "apply", "--whitespace=nowarn", str(patch.path)],
-            cwd=staging, env=env, text=True, capture_output=True)
+            cwd=staging,
+            env=env,
+            text=True,
+            capture_output=True,
+        )
         if proc.returncode:
-            raise PatchsetError(gitutil.explain_failure(patch, proc.stderr)
-                                + f"\ngit apply said:\n{proc.stderr.strip()}")
+            raise PatchsetError(
+                gitutil.explain_failure(patch, proc.stderr)
+                + f"\ngit apply said:\n{proc.stderr.strip()}"
+            )
         if kill_after == str(number):
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -132,7 +152,9 @@ def _compare_with_overlay(patches: list[Patch], staging: Path) -> None:
         reference = (paths.OVERLAY if path.startswith("vllm/") else paths.REPO) / path
         result = staging / path
         if not reference.is_file():
-            problems.append(f"{path}: the series changes it, but {reference} is missing")
+            problems.append(
+                f"{path}: the series changes it, but {reference} is missing"
+            )
         elif result.read_bytes() != reference.read_bytes():
             problems.append(f"{path}: the series' result differs from {reference}")
     for extra in sorted(paths.OVERLAY.rglob("*")):
@@ -141,8 +163,10 @@ def _compare_with_overlay(patches: list[Patch], staging: Path) -> None:
             problems.append(f"vllm_overlay/{rel}: no patch in the series changes it")
     if problems:
         raise PatchsetError(
-            "series and overlay disagree:\n  " + "\n  ".join(problems)
-            + "\n(after editing, regenerate with `scripts/patchset refresh N`)")
+            "series and overlay disagree:\n  "
+            + "\n  ".join(problems)
+            + "\n(after editing, regenerate with `scripts/patchset refresh N`)"
+        )
 
 
 def _writable_parent(dest: Path) -> None:
@@ -150,8 +174,8 @@ def _writable_parent(dest: Path) -> None:
     ignores permission bits)."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=dest.parent, prefix=".probe-")
-        probe.close()
+        with tempfile.NamedTemporaryFile(dir=dest.parent, prefix=".probe-"):
+            pass
     except OSError as exc:
         raise PatchsetError(
             f"cannot write the patched tree to {dest}: {exc.strerror} "
@@ -176,8 +200,9 @@ def apply_to_package(dest: Path | None, install: Install | None = None) -> Summa
     if dest is not None:
         _writable_parent(dest)
         remove_stale_staging(dest)
-        staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.staging-",
-                                        dir=dest.parent))
+        staging = Path(
+            tempfile.mkdtemp(prefix=f".{dest.name}.staging-", dir=dest.parent)
+        )
     else:
         staging = Path(tempfile.mkdtemp(prefix="patchset-check-"))
     try:
@@ -185,15 +210,23 @@ def apply_to_package(dest: Path | None, install: Install | None = None) -> Summa
         _apply_patches(patches, staging)
         _compare_with_overlay(patches, staging)
         if dest is not None:
-            stamp = {"digest": series_digest(install), "base": str(install.site),
-                     "patches": [p.name for p in patches]}
+            stamp = {
+                "digest": series_digest(install),
+                "base": str(install.site),
+                "patches": [p.name for p in patches],
+            }
             (staging / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
             _swap_into_place(staging, dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return Summary(len(patches), len(touched_files(patches)),
-                   sum(p.hunks for p in patches), len(existing),
-                   time.monotonic() - start, dest)
+    return Summary(
+        len(patches),
+        len(touched_files(patches)),
+        sum(p.hunks for p in patches),
+        len(existing),
+        time.monotonic() - start,
+        dest,
+    )
 
 
 def _swap_into_place(staging: Path, dest: Path) -> None:
@@ -239,12 +272,14 @@ class scratch_worktree:
     def __enter__(self) -> Path:
         self.path.rmdir()
         args = ["-b", self.branch] if self.branch else ["--detach"]
-        gitutil.git("worktree", "add", "--quiet", *args, str(self.path), "HEAD",
-                    cwd=self.src)
+        gitutil.git(
+            "worktree", "add", "--quiet", *args, str(self.path), "HEAD", cwd=self.src
+        )
         return self.path
 
     def __exit__(self, *exc: object) -> None:
-        gitutil.git("worktree", "remove", "--force", str(self.path),
-                    cwd=self.src, check=False)
+        gitutil.git(
+            "worktree", "remove", "--force", str(self.path), cwd=self.src, check=False
+        )
         shutil.rmtree(self.path, ignore_errors=True)
         gitutil.git("worktree", "prune", cwd=self.src, check=False)

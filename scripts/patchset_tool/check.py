@@ -11,11 +11,10 @@ project's copy under tests/models/glm5next/.
 
 import hashlib
 import re
-from pathlib import Path
 
 from . import envmgr, paths
+from .apply import default_install
 from .errors import PatchsetError
-from .pristine import find_install
 from .series import Patch, load_series, read_series
 
 SPDX = (
@@ -34,12 +33,14 @@ def git_blob_id(data: bytes) -> str:
 def _check_header(patch: Patch) -> list[str]:
     problems = []
     if not SUBJECT.match(patch.subject):
-        problems.append(f"subject '{patch.subject}' lacks a vLLM-style "
-                        "'[Area] ' prefix")
+        problems.append(
+            f"subject '{patch.subject}' lacks a vLLM-style '[Area] ' prefix"
+        )
     why = SIGNED_OFF.sub("", patch.body).strip()
     if len(why.split()) < 15:
-        problems.append("the body does not say why (under 15 words "
-                        "besides Signed-off-by)")
+        problems.append(
+            "the body does not say why (under 15 words besides Signed-off-by)"
+        )
     if not SIGNED_OFF.search(patch.body):
         problems.append("no 'Signed-off-by: Name <email>' line")
     return problems
@@ -47,17 +48,22 @@ def _check_header(patch: Patch) -> list[str]:
 
 def _check_file_chain(patches: list[Patch]) -> tuple[list[str], dict[str, str]]:
     """Blob ids must chain from patch to patch; return the final ids."""
-    problems, last = [], {}
+    problems: list[str] = []
+    last: dict[str, str] = {}
     for patch in patches:
         for diff in patch.files:
             if len(diff.new_blob) != 40 or len(diff.old_blob) != 40:
-                problems.append(f"{patch.name}: {diff.path}: index line lacks "
-                                "full blob ids (use format-patch --full-index)")
+                problems.append(
+                    f"{patch.name}: {diff.path}: index line lacks "
+                    "full blob ids (use format-patch --full-index)"
+                )
                 continue
             previous = last.get(diff.path)
             if previous is not None and previous != diff.old_blob:
-                problems.append(f"{patch.name}: {diff.path}: does not start "
-                                "where the previous patch left it")
+                problems.append(
+                    f"{patch.name}: {diff.path}: does not start "
+                    "where the previous patch left it"
+                )
             last[diff.path] = diff.new_blob
     return problems, last
 
@@ -76,13 +82,20 @@ def _check_results(last: dict[str, str], new_files: set[str]) -> list[str]:
             continue
         data = copy.read_bytes()
         if git_blob_id(data) != blob:
-            problems.append(f"{copy}: differs from the series' result "
-                            "(edited without `patchset refresh`?)")
-        if path in new_files and path.endswith(".py") and not data.decode(
-                errors="replace").startswith(SPDX):
+            problems.append(
+                f"{copy}: differs from the series' result "
+                "(edited without `patchset refresh`?)"
+            )
+        if (
+            path in new_files
+            and path.endswith(".py")
+            and not data.decode(errors="replace").startswith(SPDX)
+        ):
             problems.append(f"{path}: new file without the SPDX header")
-    for root, prefix in ((paths.OVERLAY, ""), (paths.REPO / paths.MODEL_TESTS,
-                                                str(paths.MODEL_TESTS) + "/")):
+    for root, prefix in (
+        (paths.OVERLAY, ""),
+        (paths.REPO / paths.MODEL_TESTS, str(paths.MODEL_TESTS) + "/"),
+    ):
         for extra in sorted(root.rglob("*")) if root.is_dir() else []:
             if "__pycache__" in extra.parts or not extra.is_file():
                 continue
@@ -94,12 +107,17 @@ def _check_results(last: dict[str, str], new_files: set[str]) -> list[str]:
 
 def _check_base_files(patches: list[Patch], new_files: set[str]) -> str:
     """Verify base files against RECORD when an environment exists."""
-    python = envmgr.env_python(require=False)
-    if python is None:
+    if envmgr.env_python(require=False) is None:
         return "base files: not verified (no managed environment yet)"
-    install = find_install(envmgr.site_packages(python))
-    base = sorted({d.path for p in patches for d in p.files
-                   if d.path.startswith("vllm/") and d.path not in new_files})
+    install = default_install()
+    base = sorted(
+        {
+            d.path
+            for p in patches
+            for d in p.files
+            if d.path.startswith("vllm/") and d.path not in new_files
+        }
+    )
     install.verify(base)
     return f"base files: {len(base)} match RECORD of vllm {install.version}"
 
@@ -114,8 +132,10 @@ def check() -> list[str]:
             problems.append(f"{stray}: not listed in {paths.SERIES}")
     for number, name in enumerate(names, 1):
         if not name.startswith(f"{number:04d}-"):
-            problems.append(f"{paths.SERIES}: entry {number} is {name}; "
-                            f"expected it to be numbered {number:04d}")
+            problems.append(
+                f"{paths.SERIES}: entry {number} is {name}; "
+                f"expected it to be numbered {number:04d}"
+            )
     patches = load_series(paths.PATCHES)
     for patch in patches:
         problems += [f"{patch.name}: {p}" for p in _check_header(patch)]
@@ -124,9 +144,10 @@ def check() -> list[str]:
     problems += chain_problems + _check_results(last, new_files)
     if problems:
         raise PatchsetError("check failed:\n  " + "\n  ".join(problems))
-    notes = [f"{len(patches)} patches in series, {len(last)} files, "
-             f"{sum(p.hunks for p in patches)} hunks: headers, blob chain, "
-             "overlay, model tests and SPDX headers agree"]
+    notes = [
+        f"{len(patches)} patches in series, {len(last)} files, "
+        f"{sum(p.hunks for p in patches)} hunks: headers, blob chain, "
+        "overlay, model tests and SPDX headers agree"
+    ]
     notes.append(_check_base_files(patches, new_files))
     return notes
-

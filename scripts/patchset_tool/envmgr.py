@@ -45,7 +45,9 @@ def python_tag() -> str:
 def env_dir() -> Path:
     """The venv directory for the current requirements and interpreter."""
     vllm_req = (paths.REQUIREMENTS / "vllm.txt").read_bytes()
-    return paths.cache_root() / "envs" / f"vllm-{_digest(python_tag().encode(), vllm_req)}"
+    return (
+        paths.cache_root() / "envs" / f"vllm-{_digest(python_tag().encode(), vllm_req)}"
+    )
 
 
 def tools_stamp() -> str:
@@ -100,23 +102,37 @@ def _check_disk(where: Path) -> None:
 
 def _pip_install(python: Path, requirements: Path) -> None:
     """Run pip, echoing its progress lines; explain a failure."""
-    command = [str(python), "-m", "pip", "install", "--progress-bar", "off",
-               "--disable-pip-version-check", "-r", str(requirements)]
+    command = [
+        str(python),
+        "-m",
+        "pip",
+        "install",
+        "--progress-bar",
+        "off",
+        "--disable-pip-version-check",
+        "-r",
+        str(requirements),
+    ]
     start = time.monotonic()
     tail: list[str] = []
-    with subprocess.Popen(command, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True) as proc:
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             tail = (tail + [line.rstrip()])[-40:]
-            if line.startswith(("Collecting", "Downloading", "Installing",
-                                "Successfully", "ERROR")):
-                print(f"  [{time.monotonic() - start:5.0f}s] {line.rstrip()[:110]}",
-                      flush=True)
+            if line.startswith(
+                ("Collecting", "Downloading", "Installing", "Successfully", "ERROR")
+            ):
+                print(
+                    f"  [{time.monotonic() - start:5.0f}s] {line.rstrip()[:110]}",
+                    flush=True,
+                )
     if proc.returncode:
         text = "\n".join(tail)
-        reason = next((why for needle, why in FAILURE_HINTS if needle in text),
-                      "pip failed")
+        reason = next(
+            (why for needle, why in FAILURE_HINTS if needle in text), "pip failed"
+        )
         raise PatchsetError(
             f"installing {requirements.name} failed: {reason}.\n"
             f"Last pip output:\n{text}\n"
@@ -132,8 +148,10 @@ def setup() -> Path:
     with _locked(env):
         if not (env / COMPLETE).is_file():
             _check_disk(env.parent)
-            print(f"setting up the environment in {env} (vllm and torch, ~9 GB)",
-                  flush=True)
+            print(
+                f"setting up the environment in {env} (vllm and torch, ~9 GB)",
+                flush=True,
+            )
             if not python.exists():
                 subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
             _pip_install(python, paths.REQUIREMENTS / "vllm.txt")

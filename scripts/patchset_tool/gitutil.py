@@ -25,11 +25,13 @@ def git_exe() -> str:
     return exe
 
 
-def git(*args: str, cwd: Path, check: bool = True,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def git(
+    *args: str, cwd: Path, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run git in `cwd`; raise a PatchsetError with git's message on failure."""
-    proc = subprocess.run([git_exe(), *args], cwd=cwd, text=True,
-                          capture_output=True, env=env)
+    proc = subprocess.run(
+        [git_exe(), *args], cwd=cwd, text=True, capture_output=True, env=env
+    )
     if check and proc.returncode:
         raise PatchsetError(
             f"git {' '.join(args)} failed in {cwd}:\n{proc.stderr.strip()}"
@@ -54,7 +56,7 @@ def explain_failure(patch: Patch, output: str) -> str:
         where = f"hunk #{hunk} (line {line})" if hunk else f"line {line}"
         return f"{patch.name}: {path}: {where} does not apply"
     if match := EXISTS.search(output):
-        return (f"{patch.name}: creates {match.group(1)}, which already exists")
+        return f"{patch.name}: creates {match.group(1)}, which already exists"
     if match := CORRUPT.search(output):
         return f"{patch.name}: {match.group(1)}"
     return f"{patch.name}: does not apply"
@@ -88,8 +90,9 @@ def am_series(src: Path, patches: list[Patch]) -> None:
     if not patches:
         return
     head = git("rev-parse", "HEAD", cwd=src).stdout.strip()
-    proc = git("am", "-3", "--quiet", *(str(p.path) for p in patches),
-               cwd=src, check=False)
+    proc = git(
+        "am", "-3", "--quiet", *(str(p.path) for p in patches), cwd=src, check=False
+    )
     if proc.returncode == 0:
         return
     output = proc.stdout + proc.stderr

@@ -10,10 +10,12 @@ Checks, each run with the given Python's own tools:
   package, so their imports resolve to the patched code) at the configured
   `follow_imports = "silent"`, tests/ with `--follow-imports skip` (upstream's
   setting for tests/ and tests/models/), scripts/ at the configured setting;
-  site-packages are not searched, as in upstream's isolated hook environment;
+  for the overlay, site-packages are not searched, as in upstream's isolated
+  hook environment (which has mypy, pydantic and type stubs, not torch);
 * typos (the binary that the `typos` PyPI package puts next to python);
-* vLLM's SPDX header, both lines, on every new overlay file and every Python
-  file under tests/ and scripts/ (an empty file passes, as upstream).
+* vLLM's SPDX header, both lines, on every Python file under vllm_overlay/
+  (upstream's files have it; new ones must add it), tests/ and scripts/ (an
+  empty file passes, as upstream).
 
 Settings come from the repository's pyproject.toml.
 
@@ -37,6 +39,8 @@ SPDX_HEADER = (
 LINT_DIRS = ("vllm_overlay", "tests", "scripts")
 PYTHON_VERSION = "3.11"
 CHECKS = ("ruff check", "ruff format", "mypy", "typos", "spdx")
+# As paths.BUILD_ENV_VAR: where the patched tree is built.
+BUILD_ENV_VAR = "GLM5NEXT_PATCHSET_BUILD"
 
 Result = tuple[str, bool, str]
 
@@ -109,6 +113,9 @@ def _spdx(repo: Path, new_files: list[Path], extra: list[Path]) -> Result:
     files = [
         repo / f if not Path(f).is_absolute() else Path(f) for f in [*new_files, *extra]
     ]
+    # Every upstream file carries the header, so the overlay's changed files
+    # pass as they are and its new files must add it.
+    files += _python_files(repo / "vllm_overlay")
     files += _python_files(repo / "tests")
     files += _python_files(repo / "scripts" / "patchset_tool")
     if (repo / "scripts").is_dir():
@@ -135,7 +142,7 @@ def _typos(repo: Path, python: str, targets: list[str]) -> Result:
     return "typos", ok, output
 
 
-def _mypy(repo: Path, python: str, tree: Path) -> Result:
+def _mypy(repo: Path, python: str, tree: Path, require_tree: bool) -> Result:
     base = [
         python,
         "-m",
@@ -146,10 +153,6 @@ def _mypy(repo: Path, python: str, tree: Path) -> Result:
         str(repo / "pyproject.toml"),
         "--cache-dir",
         str(repo / "build" / "mypy-cache"),
-        # Upstream's hook runs mypy in pre-commit's own environment, without
-        # vLLM's dependencies; not searching site-packages does the same
-        # (and avoids broken stubs there, such as opencv's).
-        "--no-site-packages",
     ]
     outputs: list[str] = []
     ok = True
@@ -158,14 +161,19 @@ def _mypy(repo: Path, python: str, tree: Path) -> Result:
     files = [p.relative_to(overlay).as_posix() for p in _python_files(overlay)]
     if files:
         missing = [f for f in files if not (tree / f).is_file()]
-        if missing:
+        if not tree.is_dir() and not require_tree:
+            outputs.append(f"skipped the overlay: no patched tree at {tree}")
+        elif missing:
             ok = False
             outputs.append(
                 f"patched tree {tree} lacks {', '.join(missing)}; "
                 "apply the series first (scripts/patchset apply)"
             )
         else:
-            good, text = _run([*base, *files], tree)
+            # Upstream's hook runs mypy in pre-commit's own environment,
+            # without vLLM's dependencies; not searching site-packages does
+            # the same (and avoids broken stubs there, such as opencv's).
+            good, text = _run([*base, "--no-site-packages", *files], tree)
             ok &= good
             outputs.append(text)
 
@@ -205,17 +213,25 @@ def run_lint(
     tree: Path | None = None,
     only: list[str] | None = None,
     spdx_files: list[Path] | None = None,
+    require_tree: bool = True,
 ) -> list[Result]:
     """Run every check (or those named in `only`); one (name, ok, output)
     per check, in the order of CHECKS.
 
-    `new_files` are overlay files that the series adds (they need the SPDX
-    header; files changed from upstream carry upstream's). `tree` is the
-    patched copy of the vllm package's parent directory (default:
-    build/vllm-patched), where the overlay's files are type-checked.
+    `new_files` are overlay files that the series adds (every overlay file
+    is checked for the SPDX header anyway; listing them changes nothing but
+    keeps the call explicit). `tree` is the patched copy of the vllm
+    package's parent directory (default: vllm-patched in
+    $GLM5NEXT_PATCHSET_BUILD, else in build/), where the overlay's files are
+    type-checked; without it mypy fails, unless `require_tree` is false
+    (then the overlay is skipped, as in a pre-commit hook run before
+    anything was built). `spdx_files` are more files for the SPDX check.
     """
     repo = repo.resolve()
-    tree = (tree or repo / "build" / "vllm-patched").resolve()
+    if tree is None:
+        build = os.environ.get(BUILD_ENV_VAR)
+        tree = (Path(build) if build else repo / "build") / "vllm-patched"
+    tree = tree.resolve()
     targets = _targets(repo)
     wanted = set(only or CHECKS)
     results: list[Result] = []
@@ -238,7 +254,7 @@ def run_lint(
         ok, out = _run([python, "-m", "ruff", "format", "--diff", *targets], repo)
         results.append(("ruff format", ok, out))
     if "mypy" in wanted:
-        results.append(_mypy(repo, python, tree))
+        results.append(_mypy(repo, python, tree, require_tree))
     if "typos" in wanted:
         results.append(_typos(repo, python, targets))
     if "spdx" in wanted:
@@ -277,11 +293,22 @@ def main(argv: list[str] | None = None) -> int:
         help="run only this check (repeatable)",
     )
     parser.add_argument(
+        "--skip-missing-tree",
+        action="store_true",
+        help="without a patched tree, skip mypy on the overlay",
+    )
+    parser.add_argument(
         "files", type=Path, nargs="*", help="more files for the SPDX check"
     )
     args = parser.parse_args(argv)
     results = run_lint(
-        args.repo, args.python, args.new_file, args.tree, args.only, args.files
+        args.repo,
+        args.python,
+        args.new_file,
+        args.tree,
+        args.only,
+        args.files,
+        require_tree=not args.skip_missing_tree,
     )
     for name, ok, output in results:
         print(f"== {name}: {'ok' if ok else 'FAILED'}")

@@ -23,18 +23,20 @@ def tree_env(python: Path, base: bool) -> dict[str, str]:
     env.pop("PYTHONHOME", None)
     extra = [] if base else [str(paths.patched_tree())]
     inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(extra + [str(paths.REPO / "scripts")]
-                                        + inherited)
+    env["PYTHONPATH"] = os.pathsep.join(
+        extra + [str(paths.REPO / "scripts")] + inherited
+    )
     return env
 
 
 def ensure_patched_tree(python: Path) -> None:
     """Re-apply the series when build/ is missing or out of date."""
-    install = apply.find_install(envmgr.site_packages(python))
+    install = apply.default_install()
     dest = paths.patched_tree()
     if not apply.is_current(dest, install):
-        print(f"patched tree {dest} is missing or stale; applying the series",
-              flush=True)
+        print(
+            f"patched tree {dest} is missing or stale; applying the series", flush=True
+        )
         print(apply.apply_to_package(dest, install), flush=True)
 
 
@@ -44,5 +46,6 @@ def run(command: list[str], base: bool, cwd: Path | None = None) -> int:
     assert python is not None
     if not base:
         ensure_patched_tree(python)
-    return subprocess.run(command, env=tree_env(python, base),
-                          cwd=cwd or paths.REPO).returncode
+    return subprocess.run(
+        command, env=tree_env(python, base), cwd=cwd or paths.REPO
+    ).returncode
