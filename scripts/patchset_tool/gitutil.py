@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from .errors import PatchsetError
@@ -83,16 +84,54 @@ def require_clean_checkout(src: Path) -> str:
     return git("rev-parse", "HEAD", cwd=src).stdout.strip()
 
 
+def refuse_applied(src: Path, patches: list[Patch]) -> None:
+    """Raise if any patch is already applied at HEAD of `src` (a half-applied
+    series), which a three-way `git am` could otherwise turn into a no-op."""
+    for patch in patches:
+        proc = git(
+            "apply", "--check", "--reverse", str(patch.path), cwd=src, check=False
+        )
+        if proc.returncode == 0:
+            raise PatchsetError(
+                f"{patch.name}: already applied at HEAD of {src} (is the series "
+                "half-applied?); start from a commit without it"
+            )
+
+
+def _hunk_failure(src: Path, head: str, patches: list[Patch], failed: Patch) -> str:
+    """Re-apply the patches before `failed` in a scratch worktree and ask a
+    plain `git apply --check` which file and hunk of `failed` do not apply
+    (a three-way `git am` reports only the conflicting file)."""
+    scratch = Path(tempfile.mkdtemp(prefix="patchset-diagnose-"))
+    try:
+        git("worktree", "add", "--quiet", "--detach", str(scratch), head, cwd=src)
+        before = patches[: patches.index(failed)]
+        if before:
+            git(
+                "am",
+                "--keep-non-patch",
+                "--quiet",
+                *(str(p.path) for p in before),
+                cwd=scratch,
+                check=False,
+            )
+        check = git("apply", "--check", str(failed.path), cwd=scratch, check=False)
+        return explain_failure(failed, check.stderr)
+    finally:
+        git("worktree", "remove", "--force", str(scratch), cwd=src, check=False)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def am_series(src: Path, patches: list[Patch]) -> None:
     """`git am -3` the whole series onto HEAD of `src` as one session; on
     failure abort it (HEAD and work tree return to where they were) and
     raise naming the patch, file and hunk."""
     if not patches:
         return
+    refuse_applied(src, patches)
     head = git("rev-parse", "HEAD", cwd=src).stdout.strip()
-    proc = git(
-        "am", "-3", "--quiet", *(str(p.path) for p in patches), cwd=src, check=False
-    )
+    files = [str(p.path) for p in patches]
+    proc = git("am", "-3", "--keep-non-patch", "--quiet", *files, cwd=src, check=False)
     if proc.returncode == 0:
         return
     output = proc.stdout + proc.stderr
@@ -100,7 +139,7 @@ def am_series(src: Path, patches: list[Patch]) -> None:
     failed = patches[int(match.group(1)) - 1] if match else patches[0]
     git("am", "--abort", cwd=src, check=False)
     restored = git("rev-parse", "HEAD", cwd=src).stdout.strip() == head
-    message = explain_failure(failed, output)
+    message = _hunk_failure(src, head, patches, failed)
     if not restored:
         message += f"\n(could not restore HEAD to {head}; check {src})"
     raise PatchsetError(

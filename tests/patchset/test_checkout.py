@@ -1,0 +1,159 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The maintainer's uses: a vLLM git checkout, refresh, bisect and export."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from projectkit import INIT, KDA, PROBE, PROBE_TEST, Project, git
+
+
+@pytest.fixture
+def checkout(series: Path, tmp_path: Path) -> Path:
+    """A clone of the repository the patches came from, at their base."""
+    clone = tmp_path / "checkout"
+    git("clone", "--quiet", str(series), str(clone), cwd=tmp_path)
+    git("reset", "--quiet", "--hard", "base", cwd=clone)
+    return clone
+
+
+@pytest.fixture
+def work(project: Project, series: Path, tmp_path: Path) -> Path:
+    """`patchset worktree`: the whole pristine package plus the series."""
+    dest = tmp_path / "work"
+    result = project.patchset("worktree", "--dest", str(dest))
+    assert result.returncode == 0, result.stderr
+    return dest
+
+
+def state(repo: Path) -> tuple[str, str]:
+    return (git("rev-parse", "HEAD", cwd=repo), git("status", "--porcelain", cwd=repo))
+
+
+def subjects(repo: Path, since: str) -> list[str]:
+    return git("log", "--reverse", "--format=%s", f"{since}..HEAD", cwd=repo).split("\n")[:-1]
+
+
+def test_checkout_gets_one_commit_per_patch(project: Project, checkout: Path) -> None:
+    result = project.patchset("apply", "--vllm-src", str(checkout))
+    assert result.returncode == 0, result.stderr
+    assert subjects(checkout, "base") == [
+        "[Model] Add a probe module to glm5next",
+        "[Model] Touch KDA and the package init",
+    ]
+
+
+def test_checkout_check_mode_leaves_it_alone(project: Project, checkout: Path) -> None:
+    before = state(checkout)
+    result = project.patchset("apply", "--check", "--vllm-src", str(checkout))
+    assert result.returncode == 0, result.stderr
+    assert "would apply 2 patches" in result.stdout
+    assert state(checkout) == before
+
+
+def test_checkout_conflict_names_patch_file_and_hunk(
+    project: Project, checkout: Path
+) -> None:
+    kda = checkout / KDA
+    kda.write_text(kda.read_text().replace("import ", "import\t", 1))
+    git("commit", "--quiet", "-am", "upstream moved on", cwd=checkout)
+    before = state(checkout)
+    result = project.patchset("apply", "--vllm-src", str(checkout))
+    assert result.returncode == 1
+    assert "0002-Model-Touch-KDA-and-the-package-init.patch" in result.stderr
+    assert f"{KDA}: hunk #1" in result.stderr
+    assert state(checkout) == before
+    assert not (checkout / ".git" / "rebase-apply").exists()
+
+
+def test_half_applied_checkout_is_refused(project: Project, checkout: Path,
+                                          series: Path) -> None:
+    git("fetch", "--quiet", str(series), "HEAD", cwd=checkout)
+    git("reset", "--quiet", "--hard", "FETCH_HEAD~1", cwd=checkout)
+    before = state(checkout)
+    result = project.patchset("apply", "--vllm-src", str(checkout))
+    assert result.returncode == 1
+    assert "0001-Model-Add-a-probe-module-to-glm5next.patch" in result.stderr
+    assert state(checkout) == before
+
+
+def test_dirty_checkout_is_refused(project: Project, checkout: Path) -> None:
+    (checkout / INIT).write_text("# local edit\n")
+    result = project.patchset("apply", "--vllm-src", str(checkout))
+    assert result.returncode == 1
+    assert "has uncommitted changes" in result.stderr
+    assert (checkout / INIT).read_text() == "# local edit\n"
+
+
+def test_refresh_regenerates_patch_and_overlay(project: Project, work: Path) -> None:
+    patch = sorted((project.root / "patches").glob("0001-*.patch"))[0]
+    header = patch.read_text().split("\n---\n")[0]
+    (work / PROBE).write_text((work / PROBE).read_text().replace("42", "43"))
+    result = project.patchset("refresh", "1", "--vllm-src", str(work))
+    assert result.returncode == 0, result.stderr
+    assert patch.name in result.stdout
+    assert patch.read_text().split("\n---\n")[0] == header
+    assert "+ANSWER = 43" in patch.read_text()
+    assert (project.root / "vllm_overlay" / PROBE).read_text().endswith("ANSWER = 43\n")
+    checked = project.patchset("check")
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_refresh_conflict_keeps_the_edits(project: Project, work: Path) -> None:
+    """An edit to patch 1 that a later patch's context depends on."""
+    init = work / INIT
+    init.write_text(init.read_text().replace("# probe: patch 1\n", "# edited\n"))
+    series_before = [p.read_text() for p in sorted((project.root / "patches").iterdir())]
+    result = project.patchset("refresh", "1", "--vllm-src", str(work))
+    assert result.returncode == 1
+    assert "conflicts with a later patch" in result.stderr
+    assert "# edited\n" in init.read_text()
+    assert [p.read_text() for p in sorted((project.root / "patches").iterdir())] == (
+        series_before)
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [("good", 0), ("test-fails", 1), ("does-not-apply", 125)],
+    ids=["good", "test-fails", "does-not-apply"],
+)
+def test_bisect_run_verdicts(project: Project, work: Path, case: str,
+                             expected: int) -> None:
+    git("reset", "--quiet", "--hard", "patchset-base", cwd=work)
+    if case == "test-fails":
+        probe = project.root / "patches"
+        for patch in probe.glob("0001-*.patch"):
+            patch.write_text(patch.read_text().replace("ANSWER == 42", "ANSWER == 41"))
+    if case == "does-not-apply":
+        (work / KDA).write_text("# upstream rewrote this file\n")
+        git("commit", "--quiet", "-am", "rewrite kda", cwd=work)
+    result = project.patchset("bisect-run", "--vllm-src", str(work))
+    assert result.returncode == expected, result.stdout + result.stderr
+    assert state(work)[1] == ""
+
+
+def test_export_makes_a_branch_and_a_description(project: Project,
+                                                 checkout: Path,
+                                                 tmp_path: Path) -> None:
+    before = state(checkout)
+    description = tmp_path / "pr.md"
+    result = project.patchset("export", "--vllm-src", str(checkout), "--branch",
+                              "glm5next-series", "--pr-description", str(description))
+    assert result.returncode == 0, result.stderr
+    assert state(checkout) == before
+    log = git("log", "--format=%s", "base..glm5next-series", cwd=checkout).split("\n")
+    assert log[:2] == ["[Model] Touch KDA and the package init",
+                       "[Model] Add a probe module to glm5next"]
+    text = description.read_text()
+    assert "### [Model] Add a probe module to glm5next" in text
+    assert "Signed-off-by" not in text
+    again = project.patchset("export", "--vllm-src", str(checkout), "--branch",
+                             "glm5next-series")
+    assert again.returncode == 1 and "already exists" in again.stderr
+
+
+def test_probe_files_are_in_the_series(project: Project, series: Path) -> None:
+    assert (project.root / PROBE_TEST).is_file()
+    assert subprocess.run(["git", "-C", str(series), "diff", "--quiet", "base", "HEAD",
+                           "--", PROBE], check=False).returncode == 1
