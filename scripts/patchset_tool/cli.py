@@ -3,12 +3,14 @@
 """Command line of `scripts/patchset`: one subcommand per workflow step."""
 
 import argparse
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from . import apply, bisect, check, envmgr, export, paths, runner, testcmd, worktree
 from .errors import PatchsetError
+from .series import load_series
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
@@ -31,12 +33,32 @@ def cmd_apply(args: argparse.Namespace) -> int:
             f"{verb} {count} patches to {args.vllm_src} with git am -3 "
             f"({seconds:.2f} s)"
         )
-        return 0
+        return 0 if args.check else upstream_tethering(args.vllm_src)
     if envmgr.env_python(require=False) is None:
         envmgr.setup()
     dest = None if args.check else (args.dest or paths.patched_tree())
     print(apply.apply_to_package(dest))
     return 0
+
+
+def upstream_tethering(src: Path) -> int:
+    """Run the checkout's own test-tethering hook on the test files the
+    series adds, when the checkout has one."""
+    script = src / "tools" / "pre_commit" / "check_test_tethering.py"
+    added = [
+        d.path
+        for p in load_series(paths.PATCHES)
+        for d in p.files
+        if d.is_new and d.path.startswith("tests/") and d.path.endswith(".py")
+    ]
+    if not script.is_file() or not added:
+        print(f"{src} has no {script.relative_to(src)}; upstream tethering not run")
+        return 0
+    python = envmgr.env_python(require=False)
+    rc = subprocess.run([str(python or sys.executable), str(script), *added], cwd=src)
+    status = "passes" if rc.returncode == 0 else f"FAILS (exit {rc.returncode})"
+    print(f"upstream check_test_tethering.py on {len(added)} new test files: {status}")
+    return rc.returncode
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -9,15 +9,30 @@ patched tree, which must all pass; the test-tethering check; the lint.
 """
 
 import subprocess
+import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import apply, check, envmgr, paths, runner
+from . import apply, check, envmgr, paths, runner, upstream
+from .series import load_series
 
 EXPECTED_BASE_FAILURES = paths.REPO / "ci" / "expected-base-failures.txt"
+TETHERING = [
+    "patchset_tool.tethering",
+    "--tests",
+    "tests",
+    "--steps",
+    "ci/test_areas",
+    "--allowlist",
+    "ci/tethering-allowlist.yaml",
+]
+LINT_PARTS = [
+    ("test tethering", TETHERING),
+    ("lint (ruff, ruff-format, mypy, typos, SPDX)", ["patchset_tool.lint"]),
+]
 
 
 @dataclass
@@ -153,29 +168,42 @@ def run_tests() -> int:
         part.seconds = time.monotonic() - start
         parts.append(part)
 
-    parts.append(
-        _command_part(
-            "test tethering",
+    for name, module_args in LINT_PARTS:
+        command = [str(python), "-m", *module_args]
+        parts.append(_command_part(name, command, python))
+    parts.append(_upstream_part(python))
+    return _summarize(parts)
+
+
+def _upstream_part(python: Path) -> Part:
+    """The series on vLLM 0.33.0's real source tree: `git am -3`, then
+    upstream's own tethering and SPDX hooks on the files it adds."""
+    part, start = Part("upstream gates (vLLM 0.33.0 sdist checkout)"), time.monotonic()
+    print(f"\n=== {part.name}", flush=True)
+    changed = sorted({d.path for p in load_series(paths.PATCHES) for d in p.files})
+    with tempfile.TemporaryDirectory() as tmp:
+        clone = upstream.scratch_clone(Path(tmp))
+        commands = [
+            [
+                sys.executable,
+                str(paths.REPO / "scripts" / "patchset"),
+                "apply",
+                "--vllm-src",
+                str(clone),
+            ],
             [
                 str(python),
-                "-m",
-                "patchset_tool.tethering",
-                "--tests",
-                "tests",
-                "--steps",
-                "ci/test_areas",
+                "tools/pre_commit/check_spdx_header.py",
+                *[c for c in changed if c.endswith(".py")],
             ],
-            python,
-        )
-    )
-    parts.append(
-        _command_part(
-            "lint (ruff, ruff-format, mypy, typos, SPDX)",
-            [str(python), "-m", "patchset_tool.lint"],
-            python,
-        )
-    )
-    return _summarize(parts)
+        ]
+        for command in commands:
+            rc = subprocess.run(command, cwd=clone).returncode
+            if rc:
+                part.problems.append(f"exited {rc}: {' '.join(command[-3:])}")
+    part.passed, part.failed = (0, 1) if part.problems else (1, 0)
+    part.seconds = time.monotonic() - start
+    return part
 
 
 def _summarize(parts: list[Part]) -> int:
