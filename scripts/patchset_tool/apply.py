@@ -65,10 +65,9 @@ def series_digest(install: Install) -> str:
     h.update(paths.SERIES.read_bytes())
     for patch in load_series(paths.PATCHES):
         h.update(patch.path.read_bytes())
-    for path in sorted(paths.OVERLAY.rglob("*")):
-        if path.is_file():
-            h.update(str(path.relative_to(paths.OVERLAY)).encode())
-            h.update(path.read_bytes())
+    for path in paths.files_under(paths.OVERLAY):
+        h.update(str(path.relative_to(paths.OVERLAY)).encode())
+        h.update(path.read_bytes())
     return h.hexdigest()
 
 
@@ -157,9 +156,9 @@ def _compare_with_overlay(patches: list[Patch], staging: Path) -> None:
             )
         elif result.read_bytes() != reference.read_bytes():
             problems.append(f"{path}: the series' result differs from {reference}")
-    for extra in sorted(paths.OVERLAY.rglob("*")):
+    for extra in paths.files_under(paths.OVERLAY):
         rel = extra.relative_to(paths.OVERLAY).as_posix()
-        if extra.is_file() and rel not in touched:
+        if rel not in touched:
             problems.append(f"vllm_overlay/{rel}: no patch in the series changes it")
     if problems:
         raise PatchsetError(

@@ -96,9 +96,7 @@ def _check_results(last: dict[str, str], new_files: set[str]) -> list[str]:
         (paths.OVERLAY, ""),
         (paths.REPO / paths.MODEL_TESTS, str(paths.MODEL_TESTS) + "/"),
     ):
-        for extra in sorted(root.rglob("*")) if root.is_dir() else []:
-            if "__pycache__" in extra.parts or not extra.is_file():
-                continue
+        for extra in paths.files_under(root):
             rel = prefix + extra.relative_to(root).as_posix()
             if rel not in last:
                 problems.append(f"{extra}: not part of any patch in the series")

@@ -38,3 +38,15 @@ def cache_root() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".cache"
     return base / "glm5next-patchset"
+
+
+CACHE_DIRS = {"__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
+
+
+def files_under(root: Path) -> list[Path]:
+    """Files below `root`, leaving out tool caches."""
+    if not root.is_dir():
+        return []
+    return sorted(
+        p for p in root.rglob("*") if p.is_file() and not CACHE_DIRS & set(p.parts)
+    )

@@ -151,7 +151,7 @@ def _update_copies(work: Path, patches: list[Patch]) -> None:
             shutil.copyfile(source, target)
         elif target.exists():
             target.unlink()
-    for stale in paths.OVERLAY.rglob("*"):
+    for stale in paths.files_under(paths.OVERLAY):
         rel = stale.relative_to(paths.OVERLAY).as_posix()
-        if stale.is_file() and rel not in touched:
+        if rel not in touched:
             stale.unlink()

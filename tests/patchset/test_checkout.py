@@ -32,7 +32,9 @@ def state(repo: Path) -> tuple[str, str]:
 
 
 def subjects(repo: Path, since: str) -> list[str]:
-    return git("log", "--reverse", "--format=%s", f"{since}..HEAD", cwd=repo).split("\n")[:-1]
+    return git("log", "--reverse", "--format=%s", f"{since}..HEAD", cwd=repo).split(
+        "\n"
+    )[:-1]
 
 
 def test_checkout_gets_one_commit_per_patch(project: Project, checkout: Path) -> None:
@@ -67,8 +69,9 @@ def test_checkout_conflict_names_patch_file_and_hunk(
     assert not (checkout / ".git" / "rebase-apply").exists()
 
 
-def test_half_applied_checkout_is_refused(project: Project, checkout: Path,
-                                          series: Path) -> None:
+def test_half_applied_checkout_is_refused(
+    project: Project, checkout: Path, series: Path
+) -> None:
     git("fetch", "--quiet", str(series), "HEAD", cwd=checkout)
     git("reset", "--quiet", "--hard", "FETCH_HEAD~1", cwd=checkout)
     before = state(checkout)
@@ -104,13 +107,16 @@ def test_refresh_conflict_keeps_the_edits(project: Project, work: Path) -> None:
     """An edit to patch 1 that a later patch's context depends on."""
     init = work / INIT
     init.write_text(init.read_text().replace("# probe: patch 1\n", "# edited\n"))
-    series_before = [p.read_text() for p in sorted((project.root / "patches").iterdir())]
+    series_before = [
+        p.read_text() for p in sorted((project.root / "patches").iterdir())
+    ]
     result = project.patchset("refresh", "1", "--vllm-src", str(work))
     assert result.returncode == 1
     assert "conflicts with a later patch" in result.stderr
     assert "# edited\n" in init.read_text()
     assert [p.read_text() for p in sorted((project.root / "patches").iterdir())] == (
-        series_before)
+        series_before
+    )
 
 
 @pytest.mark.parametrize(
@@ -118,8 +124,9 @@ def test_refresh_conflict_keeps_the_edits(project: Project, work: Path) -> None:
     [("good", 0), ("test-fails", 1), ("does-not-apply", 125)],
     ids=["good", "test-fails", "does-not-apply"],
 )
-def test_bisect_run_verdicts(project: Project, work: Path, case: str,
-                             expected: int) -> None:
+def test_bisect_run_verdicts(
+    project: Project, work: Path, case: str, expected: int
+) -> None:
     git("reset", "--quiet", "--hard", "patchset-base", cwd=work)
     if case == "test-fails":
         probe = project.root / "patches"
@@ -133,27 +140,42 @@ def test_bisect_run_verdicts(project: Project, work: Path, case: str,
     assert state(work)[1] == ""
 
 
-def test_export_makes_a_branch_and_a_description(project: Project,
-                                                 checkout: Path,
-                                                 tmp_path: Path) -> None:
+def test_export_makes_a_branch_and_a_description(
+    project: Project, checkout: Path, tmp_path: Path
+) -> None:
     before = state(checkout)
     description = tmp_path / "pr.md"
-    result = project.patchset("export", "--vllm-src", str(checkout), "--branch",
-                              "glm5next-series", "--pr-description", str(description))
+    result = project.patchset(
+        "export",
+        "--vllm-src",
+        str(checkout),
+        "--branch",
+        "glm5next-series",
+        "--pr-description",
+        str(description),
+    )
     assert result.returncode == 0, result.stderr
     assert state(checkout) == before
     log = git("log", "--format=%s", "base..glm5next-series", cwd=checkout).split("\n")
-    assert log[:2] == ["[Model] Touch KDA and the package init",
-                       "[Model] Add a probe module to glm5next"]
+    assert log[:2] == [
+        "[Model] Touch KDA and the package init",
+        "[Model] Add a probe module to glm5next",
+    ]
     text = description.read_text()
     assert "### [Model] Add a probe module to glm5next" in text
     assert "Signed-off-by" not in text
-    again = project.patchset("export", "--vllm-src", str(checkout), "--branch",
-                             "glm5next-series")
+    again = project.patchset(
+        "export", "--vllm-src", str(checkout), "--branch", "glm5next-series"
+    )
     assert again.returncode == 1 and "already exists" in again.stderr
 
 
 def test_probe_files_are_in_the_series(project: Project, series: Path) -> None:
     assert (project.root / PROBE_TEST).is_file()
-    assert subprocess.run(["git", "-C", str(series), "diff", "--quiet", "base", "HEAD",
-                           "--", PROBE], check=False).returncode == 1
+    assert (
+        subprocess.run(
+            ["git", "-C", str(series), "diff", "--quiet", "base", "HEAD", "--", PROBE],
+            check=False,
+        ).returncode
+        == 1
+    )

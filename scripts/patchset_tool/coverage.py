@@ -1,0 +1,240 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Which layers of GLM-5.3-Flash online quantization reaches.
+
+Builds the whole model (45 layers) and its MTP draft (layer 45) on the meta
+device, on vLLM's CPU platform, without weights or a GPU, and prints what the
+startup log would say: the layers quantized, by projection and by source (the
+online config vs the checkpoint's own method), and their total.
+
+Run inside the managed environment, with the tree to inspect first on
+sys.path (`scripts/patchset coverage [--base] ...` does both):
+
+    python -m patchset_tool.coverage [--config glm-5.3-flash|PATH]
+        [--checkpoint bf16|block-fp8|nvfp4] [--quantization Q]
+        [--quantization-config JSON] [--json]
+
+The configuration, the checkpoint emulations and the stubs of GPU-only parts
+are the ones of tests/models/glm5next/conftest.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+CONFTEST = REPO / "tests" / "models" / "glm5next" / "conftest.py"
+TREE_VAR = "GLM5NEXT_PATCHSET_TREE"
+
+NVFP4_CHECKPOINT = {
+    "quant_method": "modelopt",
+    "quant_algo": "NVFP4",
+    "group_size": 16,
+    "kv_cache_quant_algo": None,
+    # NVIDIA's NVFP4 export: attention, shared experts and the MTP layer BF16.
+    "ignore": [
+        "lm_head",
+        "model.layers.*.self_attn*",
+        "model.layers.*.mlp.gate",
+        "model.layers.*.mlp.shared_experts*",
+        "model.layers.45*",
+    ],
+}
+
+
+def load_conftest() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("glm5next_conftest", CONFTEST)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def checkpoints(conftest: ModuleType) -> dict[str, dict[str, Any] | None]:
+    return {**conftest.CHECKPOINTS, "nvfp4": NVFP4_CHECKPOINT}
+
+
+def write_model_dir(
+    conftest: ModuleType, config: str, quant: dict[str, Any] | None, path: Path
+) -> Path:
+    if config == "glm-5.3-flash":
+        return conftest.write_model_dir(path, quant)
+    data = json.loads(Path(config).read_text())
+    if quant is not None:
+        data["quantization_config"] = quant
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(data))
+    return path
+
+
+def create_vllm_config(model_dir: Path, args: argparse.Namespace) -> Any:
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(
+        model=str(model_dir),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        quantization=args.quantization,
+        quantization_config=args.quantization_config,
+        speculative_config={"method": "mtp", "num_speculative_tokens": 1},
+        enforce_eager=True,
+        enable_prefix_caching=False,
+    ).create_engine_config()
+
+
+def online_config(vllm_config: Any) -> Any:
+    """The OnlineQuantizationConfig whose layers the startup log counts."""
+    from vllm.model_executor.model_loader.base_loader import (
+        _get_online_quantization_config,
+    )
+
+    return _get_online_quantization_config(vllm_config)
+
+
+def build_models(vllm_config: Any) -> tuple[Any, Any]:
+    """The target model and its MTP draft, built as the model runner does:
+    the draft from the target's VllmConfig, so with its quant config."""
+    import torch
+
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    spec = vllm_config.speculative_config
+    with set_default_torch_dtype(vllm_config.model_config.dtype), torch.device("meta"):
+        target = initialize_model(vllm_config=vllm_config)
+        draft = initialize_model(
+            vllm_config=spec.apply_draft_overrides(vllm_config),
+            model_config=spec.draft_model_config,
+        )
+    return target, draft
+
+
+def checkpoint_layers(model: Any, online_prefixes: set[str]) -> list[str]:
+    """Layers the checkpoint's own method quantizes (no online override)."""
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+        UnquantizedFusedMoEMethod,
+    )
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.quantization.base_config import (
+        QuantizeMethodBase,
+    )
+
+    unquantized = (UnquantizedLinearMethod, UnquantizedFusedMoEMethod)
+    found = []
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        prefix = getattr(module, "prefix", None) or getattr(module, "layer_name", name)
+        if (
+            isinstance(method, QuantizeMethodBase)
+            and not isinstance(method, unquantized)
+            and prefix not in online_prefixes
+        ):
+            found.append(prefix)
+    return found
+
+
+def by_projection(prefixes: list[str]) -> Counter[str]:
+    from vllm.model_executor.layers.quantization.utils.config_utils import (
+        get_layer_name_after_index,
+    )
+
+    return Counter(get_layer_name_after_index(p) for p in prefixes)
+
+
+def is_mtp_layer(prefix: str, num_hidden_layers: int) -> bool:
+    return f".layers.{num_hidden_layers}." in f".{prefix}."
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the model with the GPU-only parts stubbed and count layers."""
+    import pytest
+
+    conftest = load_conftest()
+    quant = checkpoints(conftest)[args.checkpoint]
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
+        conftest.stub_gpu_only_parts(mp)
+        model_dir = write_model_dir(conftest, args.config, quant, Path(tmp) / "model")
+        vllm_config = create_vllm_config(model_dir, args)
+        with conftest.single_process_distributed(vllm_config):
+            target, draft = build_models(vllm_config)
+    layers = vllm_config.model_config.hf_text_config.num_hidden_layers
+    online = online_config(vllm_config)
+    online_layers = list(online.quantized_layers) if online is not None else []
+    rows: dict[str, dict[str, list[str]]] = {"target": {}, "mtp": {}}
+    for part, model in (("target", target), ("mtp", draft)):
+        ckpt = checkpoint_layers(model, set(online_layers))
+        for source, prefixes in (("online", online_layers), ("checkpoint", ckpt)):
+            rows[part][source] = [
+                p for p in prefixes if is_mtp_layer(p, layers) == (part == "mtp")
+            ]
+    return {
+        "tree": os.environ.get(TREE_VAR, "unknown"),
+        "config": args.config,
+        "checkpoint": args.checkpoint,
+        "quantization": vllm_config.model_config.quantization,
+        "quantization_config": args.quantization_config,
+        "online_quantized": len(rows["target"]["online"]),
+        "mtp_online_quantized": len(rows["mtp"]["online"]),
+        "by_projection": {
+            part: {src: dict(sorted(by_projection(p).items())) for src, p in r.items()}
+            for part, r in rows.items()
+        },
+    }
+
+
+def format_report(report: dict[str, Any], seconds: float) -> str:
+    lines = [
+        f"GLM-5.3-Flash online-quantization coverage (tree: {report['tree']})",
+        f"config {report['config']}, checkpoint {report['checkpoint']}, "
+        f"--quantization {report['quantization']}, "
+        f"--quantization-config {json.dumps(report['quantization_config'])}",
+    ]
+    for part, title in (("target", "layers 0-44"), ("mtp", "MTP draft (layer 45)")):
+        lines.append(f"{title}:")
+        for source, counts in report["by_projection"][part].items():
+            for projection, count in counts.items():
+                lines.append(f"  {projection:40} {count:4}  ({source})")
+    lines.append(
+        f"Quantizing {report['online_quantized']} layers online "
+        f"(startup log; MTP draft adds {report['mtp_online_quantized']}) "
+        f"[{seconds:.1f} s]"
+    )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="patchset coverage", description=__doc__)
+    parser.add_argument("--config", default="glm-5.3-flash", metavar="NAME|PATH")
+    parser.add_argument(
+        "--checkpoint", default="bf16", choices=("bf16", "block-fp8", "nvfp4")
+    )
+    parser.add_argument("--quantization", default=None)
+    parser.add_argument("--quantization-config", type=json.loads, default=None)
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    start = time.monotonic()
+    report = measure(args)
+    seconds = time.monotonic() - start
+    if args.json:
+        print(json.dumps({**report, "seconds": round(seconds, 1)}))
+    else:
+        print(format_report(report, seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
