@@ -61,21 +61,26 @@ def bisect_run(src: Path, pytest_args: list[str]) -> int:
                 f"{probe.stderr[-2000:]}"
             )
             return SKIP
-        tests = str(paths.MODEL_TESTS)
-        result = subprocess.run(
-            [
-                str(python),
-                "-m",
-                "pytest",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                tests,
-                *pytest_args,
-            ],
-            cwd=scratch,
-            env=env,
-        ).returncode
+        # The test files the series adds, with only their own conftest:
+        # vLLM's tests/conftest.py needs the whole upstream test stack.
+        tests = [
+            d.path
+            for p in patches
+            for d in p.files
+            if d.is_new and d.path.startswith(f"{paths.MODEL_TESTS}/test_")
+        ]
+        command = [
+            str(python),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--confcutdir={paths.MODEL_TESTS}",
+            *tests,
+            *pytest_args,
+        ]
+        result = subprocess.run(command, cwd=scratch, env=env).returncode
     verdict = 0 if result == 0 else 1 if result in (1, 2) else SKIP
     print(f"bisect-run: {head}: pytest exited {result}; reporting {verdict}")
     return verdict

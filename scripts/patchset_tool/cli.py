@@ -193,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "refresh",
+        description="Regenerate patch N and later ones from the work tree, "
+        "keeping each header; with N one past the end, turn the commit made "
+        "after the series into a new patch.",
         help="regenerate patch N (and later ones) "
         "from the edited work tree; the overlay follows",
     )

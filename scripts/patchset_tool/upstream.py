@@ -38,7 +38,8 @@ def source_checkout() -> Path:
         staging.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(Path(tmp) / f"vllm-{paths.VLLM_VERSION}"), staging)
     gitutil.git("init", "--quiet", cwd=staging)
-    gitutil.git("add", "--all", cwd=staging)
+    # --force: the sdist ships files its .gitignore names (vllm/_version.py)
+    gitutil.git("add", "--all", "--force", cwd=staging)
     gitutil.git(
         *IDENTITY,
         "commit",

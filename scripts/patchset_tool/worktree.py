@@ -2,9 +2,10 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The developer loop, as in quilt: a git work tree and `refresh N`.
 
-`worktree` makes a git repository whose first commit (tagged
-`patchset-base`) is the pristine installed package, verified against
-RECORD, and whose following commits are the series, one per patch.
+`worktree` makes a git clone of vLLM 0.33.0's source (its sdist, with
+tests/, tools/ and .buildkite/), tagged `patchset-base` after proving the
+files the series touches equal the installed wheel's RECORD, and applies
+the series on top, one commit per patch.
 `refresh N` folds the uncommitted edits into commit N, regenerates patch N
 and every later patch (their context may move) keeping each header, and
 copies the result into vllm_overlay/ and tests/models/glm5next/.
@@ -14,9 +15,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from . import apply, gitutil, paths
+from . import apply, gitutil, paths, upstream
 from .errors import PatchsetError
 from .gitutil import git
+from .pristine import file_digest
 from .series import Patch, load_series
 
 BASE_TAG = "patchset-base"
@@ -28,31 +30,33 @@ def default_worktree() -> Path:
 
 
 def create(dest: Path) -> int:
-    """Create the work tree at `dest`; return the number of patches."""
+    """Create the work tree at `dest`: a clone of vLLM 0.33.0's source whose
+    files touched by the series are proven equal to the installed wheel's
+    RECORD; return the number of patches applied on top."""
     if dest.exists():
         raise PatchsetError(f"{dest} exists; remove it or pass another --dest")
     install = apply.default_install()
     patches = load_series(paths.PATCHES)
-    apply._check_base(install, patches)
+    base_files = apply._check_base(install, patches)
     staging = dest.with_name(f".{dest.name}.staging")
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging.parent.mkdir(parents=True, exist_ok=True)
     try:
-        shutil.copytree(
-            install.package,
-            staging / "vllm",
-            ignore=shutil.ignore_patterns("__pycache__", "*.so"),
-        )
-        git("init", "--quiet", cwd=staging)
-        git("add", "--all", cwd=staging)
         git(
-            *IDENTITY,
-            "commit",
+            "clone",
             "--quiet",
-            "-m",
-            f"vLLM {paths.VLLM_VERSION} ({paths.VLLM_COMMIT}) as installed",
-            cwd=staging,
+            str(upstream.source_checkout()),
+            str(staging),
+            cwd=staging.parent,
         )
+        drifted = [
+            f for f in base_files if file_digest(staging / f) != install.record.get(f)
+        ]
+        if drifted:
+            raise PatchsetError(
+                f"the vLLM {paths.VLLM_VERSION} source differs "
+                f"from the installed wheel in: {drifted}"
+            )
         git("tag", BASE_TAG, cwd=staging)
         gitutil.am_series(staging, patches)
         staging.rename(dest)
@@ -61,14 +65,17 @@ def create(dest: Path) -> int:
     return len(patches)
 
 
-def series_commits(work: Path, patches: list[Patch]) -> list[str]:
-    """The commits of `work` that hold the series, checked by subject."""
+def series_commits(work: Path, patches: list[Patch], new: int = 0) -> list[str]:
+    """The commits of `work` that hold the series, checked by subject,
+    followed by `new` commits for patches not yet in the series."""
     log = git(
         "log", "--reverse", "--format=%H %s", f"{BASE_TAG}..HEAD", cwd=work
     ).stdout.splitlines()
     commits = [line.split(" ", 1) for line in log]
     subjects = [c[1] if len(c) > 1 else "" for c in commits]
-    if subjects != [p.subject for p in patches]:
+    if len(subjects) != len(patches) + new or subjects[: len(patches)] != [
+        p.subject for p in patches
+    ]:
         raise PatchsetError(
             f"{work}: the commits after {BASE_TAG} do not match the series "
             f"(got {subjects}, want {[p.subject for p in patches]}); "
@@ -121,6 +128,8 @@ def refresh(number: int, work: Path) -> list[str]:
     """Regenerate patch `number` (1-based) and later ones from `work`;
     return the names of the patch files that changed."""
     patches = load_series(paths.PATCHES)
+    if number == len(patches) + 1:
+        return [add_patch(work, patches)]
     if not 1 <= number <= len(patches):
         raise PatchsetError(f"refresh: no patch {number} (series has {len(patches)})")
     commits = series_commits(work, patches)
@@ -138,6 +147,32 @@ def refresh(number: int, work: Path) -> list[str]:
             changed.append(patch.name)
     _update_copies(work, load_series(paths.PATCHES))
     return changed
+
+
+def add_patch(work: Path, patches: list[Patch]) -> str:
+    """Turn the one commit after the series in `work` (with any uncommitted
+    edits folded in) into the next patch of the series."""
+    series_commits(work, patches, new=1)
+    if git("status", "--porcelain", cwd=work).stdout.strip():
+        git("add", "--all", cwd=work)
+        git(*IDENTITY, "commit", "--quiet", "--amend", "--no-edit", cwd=work)
+    number = len(patches) + 1
+    made = git(
+        "format-patch",
+        "--full-index",
+        "--start-number",
+        str(number),
+        "-o",
+        str(paths.PATCHES),
+        "-1",
+        "HEAD",
+        cwd=work,
+    ).stdout.strip()
+    name = Path(made).name
+    with open(paths.SERIES, "a") as series:
+        series.write(name + "\n")
+    _update_copies(work, load_series(paths.PATCHES))
+    return name
 
 
 def _update_copies(work: Path, patches: list[Patch]) -> None:
