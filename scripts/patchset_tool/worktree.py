@@ -189,4 +189,7 @@ def _update_copies(work: Path, patches: list[Patch]) -> None:
     for stale in paths.files_under(paths.OVERLAY):
         rel = stale.relative_to(paths.OVERLAY).as_posix()
         if rel not in touched:
-            stale.unlink()
+            print(
+                f"note: {stale} is in no patch; left in place for you to "
+                "move into a patch or delete (`check` reports it)"
+            )
