@@ -250,8 +250,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+REPORTS = ("coverage", "capacity")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if argv[:1] and argv[0] in REPORTS:
+        # The report's own options pass through untouched (no `--` needed).
+        args = parser.parse_args(argv[:1] + ["--base"] * ("--base" in argv))
+        args.report_args = [a for a in argv[1:] if a not in ("--base", "--")]
+    else:
+        args = parser.parse_args(argv)
     try:
         return int(args.func(args))
     except PatchsetError as exc:

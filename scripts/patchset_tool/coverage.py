@@ -8,7 +8,7 @@ startup log would say: the layers quantized, by projection and by source (the
 online config vs the checkpoint's own method), and their total.
 
 Run inside the managed environment, with the tree to inspect first on
-sys.path (`scripts/patchset coverage [--base] ...` does both):
+sys.path (`scripts/patchset coverage [--base] -- ...` does both):
 
     python -m patchset_tool.coverage [--config glm-5.3-flash|PATH]
         [--checkpoint bf16|block-fp8|nvfp4] [--quantization Q]
@@ -128,8 +128,15 @@ def checkpoint_layers(model: Any, online_prefixes: set[str]) -> list[str]:
     from vllm.model_executor.layers.quantization.base_config import (
         QuantizeMethodBase,
     )
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        UnquantizedEmbeddingMethod,
+    )
 
-    unquantized = (UnquantizedLinearMethod, UnquantizedFusedMoEMethod)
+    unquantized = (
+        UnquantizedLinearMethod,
+        UnquantizedFusedMoEMethod,
+        UnquantizedEmbeddingMethod,
+    )
     found = []
     for name, module in model.named_modules():
         method = getattr(module, "quant_method", None)
@@ -213,6 +220,9 @@ def format_report(report: dict[str, Any], seconds: float) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--"]:  # `patchset coverage [--base] -- ARGS`
+        argv = argv[1:]
     parser = argparse.ArgumentParser(prog="patchset coverage", description=__doc__)
     parser.add_argument("--config", default="glm-5.3-flash", metavar="NAME|PATH")
     parser.add_argument(

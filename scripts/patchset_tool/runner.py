@@ -22,9 +22,15 @@ def tree_env(python: Path, base: bool) -> dict[str, str]:
     env[TREE_VAR] = "base" if base else "patched"
     env.pop("PYTHONHOME", None)
     extra = [] if base else [str(paths.patched_tree())]
-    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # Drop any patched tree a parent `patchset run` put there, so that a
+    # nested `run --base` really reaches the pristine install.
+    inherited = [
+        p
+        for p in env.get("PYTHONPATH", "").split(os.pathsep)
+        if p and not (Path(p) / apply.STAMP).is_file()
+    ]
     env["PYTHONPATH"] = os.pathsep.join(
-        extra + [str(paths.REPO / "scripts")] + inherited
+        [*extra, str(paths.REPO / "scripts"), *inherited]
     )
     return env
 

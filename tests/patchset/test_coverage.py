@@ -1,0 +1,73 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""`patchset coverage` reports the layer counts that the 001 description
+claims: online quantization reaches the BF16 attention projections on the
+patched tree only, and never the MTP layer 45."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+LAYERS = "([0-9]|[1-3][0-9]|4[0-4])"
+MLA_LAYERS = "(3|7|11|15|19|23|27|31|35|39|43)"
+SHARED = "mlp[.]shared_experts[.](gate_proj|up_proj|gate_up_proj|down_proj)"
+ATTENTION = (
+    "self_attn[.](in_proj_qkvbfg_a|o_proj|fused_qkv_a_proj|q_b_proj|indexer[.]wq_b)"
+)
+MLA = "self_attn[.](o_proj|fused_qkv_a_proj|q_b_proj|indexer[.]wq_b)"
+# The description's regexes; the two block-FP8 ones drop the shared experts.
+ALL_196 = f"re:.*[.]layers[.]{LAYERS}[.]({ATTENTION}|{SHARED})"
+NON_KDA_128 = f"re:.*[.]layers[.]({MLA_LAYERS}[.]{MLA}|{LAYERS}[.]{SHARED})"
+ATTENTION_112 = f"re:.*[.]layers[.]{LAYERS}[.]({ATTENTION})"
+MLA_44 = f"re:.*[.]layers[.]({MLA_LAYERS}[.]{MLA})"
+
+NVFP4 = ("--checkpoint", "nvfp4", "--quantization", "modelopt_fp4")
+BLOCK_FP8 = ("--checkpoint", "block-fp8", "--quantization", "fp8")
+
+
+def coverage(*args: str, base: bool = False) -> dict:
+    tree = ["--base"] if base else []
+    command = [sys.executable, str(REPO / "scripts" / "patchset"), "coverage"]
+    result = subprocess.run(
+        [*command, *tree, "--", *args, "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    lines = result.stdout.splitlines()
+    return json.loads(next(x for x in reversed(lines) if x.startswith("{")))
+
+
+def targets(regex: str) -> str:
+    return json.dumps({"targets": {regex: "mxfp8"}})
+
+
+@pytest.mark.parametrize(
+    "checkpoint, regex, base, expected",
+    [
+        (NVFP4, ALL_196, False, 196),
+        (NVFP4, NON_KDA_128, False, 128),
+        (BLOCK_FP8, ATTENTION_112, False, 112),
+        (BLOCK_FP8, MLA_44, False, 44),
+        (NVFP4, ALL_196, True, 84),
+    ],
+    ids=[
+        "nvfp4-all-196",
+        "nvfp4-non-kda-128",
+        "block-fp8-attention-112",
+        "block-fp8-mla-44",
+        "base-nvfp4-all-196-gives-84",
+    ],
+)
+def test_online_quantization_coverage(checkpoint, regex, base, expected):
+    report = coverage(*checkpoint, "--quantization-config", targets(regex), base=base)
+    assert report["tree"] == ("base" if base else "patched")
+    assert report["online_quantized"] == expected
+    assert report["mtp_online_quantized"] == 0
