@@ -256,7 +256,7 @@ def run_lint(
     if "mypy" in wanted:
         results.append(_mypy(repo, python, tree, require_tree))
     if "typos" in wanted:
-        # typos reads everything: docs, CI files and the patches too
+        # typos reads everything (docs, CI files); pyproject excludes patches/
         results.append(_typos(repo, python, ["."]))
     if "spdx" in wanted:
         results.append(_spdx(repo, new_files or [], spdx_files or []))
