@@ -106,20 +106,18 @@ def _check_base(install: Install, patches: list[Patch]) -> list[str]:
 
 
 def _copy_package(install: Install, staging: Path) -> None:
-    """Copy the installed package into `staging`, linking extensions."""
+    """Copy the installed package into `staging`, linking extensions.
+
+    Bytecode caches come along with their sources' modification times, so
+    they stay valid for every file the series does not change."""
 
     def copy(src: str, dst: str) -> None:
         if src.endswith(".so"):
             os.symlink(src, dst)
         else:
-            shutil.copyfile(src, dst)
+            shutil.copy2(src, dst)
 
-    shutil.copytree(
-        install.package,
-        staging / "vllm",
-        copy_function=copy,
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
+    shutil.copytree(install.package, staging / "vllm", copy_function=copy)
     shutil.copytree(install.dist_info, staging / install.dist_info.name)
 
 
@@ -148,7 +146,7 @@ def _compare_with_overlay(patches: list[Patch], staging: Path) -> None:
     problems = []
     touched = touched_files(patches)
     for path in touched:
-        reference = (paths.OVERLAY if path.startswith("vllm/") else paths.REPO) / path
+        reference = paths.copy_of(path)
         result = staging / path
         if not reference.is_file():
             problems.append(

@@ -46,7 +46,7 @@ def _check_header(patch: Patch) -> list[str]:
     return problems
 
 
-def _check_file_chain(patches: list[Patch]) -> tuple[list[str], dict[str, str]]:
+def file_chain(patches: list[Patch]) -> tuple[list[str], dict[str, str]]:
     """Blob ids must chain from patch to patch; return the final ids."""
     problems: list[str] = []
     last: dict[str, str] = {}
@@ -71,8 +71,7 @@ def _check_file_chain(patches: list[Patch]) -> tuple[list[str], dict[str, str]]:
 def _check_results(last: dict[str, str], new_files: set[str]) -> list[str]:
     problems = []
     for path, blob in last.items():
-        where = paths.OVERLAY if path.startswith("vllm/") else paths.REPO
-        copy = where / path
+        copy = paths.copy_of(path)
         if blob == NULL_BLOB:
             if copy.exists():
                 problems.append(f"{copy}: the series deletes it, but it exists")
@@ -137,7 +136,7 @@ def check() -> list[str]:
     patches = load_series(paths.PATCHES)
     for patch in patches:
         problems += [f"{patch.name}: {p}" for p in _check_header(patch)]
-    chain_problems, last = _check_file_chain(patches)
+    chain_problems, last = file_chain(patches)
     new_files = {d.path for p in patches for d in p.files if d.is_new}
     problems += chain_problems + _check_results(last, new_files)
     if problems:

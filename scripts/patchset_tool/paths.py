@@ -50,3 +50,9 @@ def files_under(root: Path) -> list[Path]:
     return sorted(
         p for p in root.rglob("*") if p.is_file() and not CACHE_DIRS & set(p.parts)
     )
+
+
+def copy_of(path: str) -> Path:
+    """This project's copy of a file the series changes: vllm/ files live in
+    the overlay, the tests at their own path."""
+    return (OVERLAY if path.startswith("vllm/") else REPO) / path

@@ -21,6 +21,9 @@ def tree_env(python: Path, base: bool) -> dict[str, str]:
     env["VLLM_TARGET_DEVICE"] = "cpu"
     env[TREE_VAR] = "base" if base else "patched"
     env.pop("PYTHONHOME", None)
+    # Let the patched tree and the tests keep their bytecode between runs;
+    # importing vLLM from source every time costs tens of seconds.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     extra = [] if base else [str(paths.patched_tree())]
     # Drop any patched tree a parent `patchset run` put there, so that a
     # nested `run --base` really reaches the pristine install.

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from . import apply, gitutil, paths, upstream
+from . import apply, check, gitutil, paths, upstream
 from .errors import PatchsetError
 from .gitutil import git
 from .pristine import file_digest
@@ -128,6 +128,7 @@ def refresh(number: int, work: Path) -> list[str]:
     """Regenerate patch `number` (1-based) and later ones from `work`;
     return the names of the patch files that changed."""
     patches = load_series(paths.PATCHES)
+    _refuse_unrefreshed_copies(work, patches)
     if number == len(patches) + 1:
         return [add_patch(work, patches)]
     if not 1 <= number <= len(patches):
@@ -147,6 +148,28 @@ def refresh(number: int, work: Path) -> list[str]:
             changed.append(patch.name)
     _update_copies(work, load_series(paths.PATCHES))
     return changed
+
+
+def _refuse_unrefreshed_copies(work: Path, patches: list[Patch]) -> None:
+    """Refresh overwrites vllm_overlay/ and the model tests from the work
+    tree; refuse while either holds edits that neither the series nor the
+    work tree has."""
+    _, last = check.file_chain(patches)
+    edited = []
+    for path, blob in last.items():
+        copy = paths.copy_of(path)
+        if not copy.is_file():
+            continue
+        data = copy.read_bytes()
+        in_work = (work / path).is_file() and (work / path).read_bytes() == data
+        if check.git_blob_id(data) != blob and not in_work:
+            edited.append(copy)
+    if edited:
+        raise PatchsetError(
+            "these copies were edited outside the work tree and would be "
+            "overwritten; copy them into the work tree (or restore them) "
+            "first:\n  " + "\n  ".join(str(e) for e in edited)
+        )
 
 
 def add_patch(work: Path, patches: list[Patch]) -> str:
@@ -179,8 +202,7 @@ def _update_copies(work: Path, patches: list[Patch]) -> None:
     """Make vllm_overlay/ and the model tests equal the work tree's result."""
     touched = apply.touched_files(patches)
     for path in touched:
-        where = paths.OVERLAY if path.startswith("vllm/") else paths.REPO
-        source, target = work / path, where / path
+        source, target = work / path, paths.copy_of(path)
         if source.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, target)

@@ -179,3 +179,17 @@ def test_probe_files_are_in_the_series(project: Project, series: Path) -> None:
         ).returncode
         == 1
     )
+
+
+def test_refresh_refuses_to_overwrite_edited_copies(
+    project: Project, work: Path
+) -> None:
+    """An edit made in vllm_overlay/ instead of the work tree would be lost."""
+    overlay = project.root / "vllm_overlay" / PROBE
+    overlay.write_text(overlay.read_text() + "EDITED_IN_OVERLAY = True\n")
+    (work / PROBE).write_text((work / PROBE).read_text().replace("42", "43"))
+    result = project.patchset("refresh", "1", "--vllm-src", str(work))
+    assert result.returncode == 1
+    assert "edited outside the work tree" in result.stderr
+    assert str(overlay) in result.stderr
+    assert overlay.read_text().endswith("EDITED_IN_OVERLAY = True\n")

@@ -51,9 +51,15 @@ int cuTensorMapEncodeTiled(void) { return 100; }
 """
 
 
-def _text_config(model: str) -> dict[str, Any]:
-    """The fields vLLM reads to build the engine config and pick a backend."""
-    common = {
+def _deepseek_v32_config() -> dict[str, Any]:
+    """DeepSeek-V3.2's MLA geometry (512 NoPE + 64 RoPE latent) on a
+    two-layer model: the fields vLLM reads to pick a backend."""
+    return {
+        "architectures": ["DeepseekV32ForCausalLM"],
+        "model_type": "deepseek_v32",
+        "torch_dtype": "bfloat16",
+        "num_hidden_layers": 2,
+        "first_k_dense_replace": 1,
         "hidden_size": 4096,
         "intermediate_size": 12288,
         "vocab_size": 154880,
@@ -61,8 +67,15 @@ def _text_config(model: str) -> dict[str, Any]:
         "hidden_act": "silu",
         "tie_word_embeddings": False,
         "attention_bias": False,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+        "max_position_embeddings": 163840,
         "q_lora_rank": 1536,
         "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "index_n_heads": 64,
         "index_head_dim": 128,
         "index_topk": 2048,
         "n_routed_experts": 288,
@@ -77,77 +90,11 @@ def _text_config(model: str) -> dict[str, Any]:
         "topk_group": 1,
         "num_nextn_predict_layers": 1,
     }
-    if model == DEEPSEEK:
-        # DeepSeek-V3.2 geometry: 512 NoPE + 64 RoPE latent.
-        return common | {
-            "num_hidden_layers": 2,
-            "first_k_dense_replace": 1,
-            "num_attention_heads": 64,
-            "num_key_value_heads": 64,
-            "max_position_embeddings": 163840,
-            "qk_nope_head_dim": 128,
-            "qk_rope_head_dim": 64,
-            "v_head_dim": 128,
-            "index_n_heads": 64,
-        }
-    full = list(range(3, 45, 4))
-    return common | {
-        "num_hidden_layers": 45,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 64,
-        "max_position_embeddings": 1048576,
-        "qk_nope_head_dim": 256,
-        "qk_rope_head_dim": 0,
-        "qk_head_dim": 256,
-        "v_head_dim": 256,
-        "mla_use_nope": True,
-        "index_n_heads": 32,
-        "indexer_types": ["full"] * 45,
-        "indexer_rope_interleave": True,
-        "index_kpool": 4,
-        "index_kpool_compress": True,
-        "index_kpool_always_select_tail": True,
-        "linear_attn_config": {
-            "num_heads": 64,
-            "head_dim": 128,
-            "short_conv_kernel_size": 4,
-            "gate_lower_bound": -5.0,
-            "kda_layers": [i for i in range(45) if i not in full],
-            "full_attn_layers": full,
-        },
-        "layer_types": [
-            "deepseek_sparse_attention" if i in full else "linear_attention"
-            for i in range(45)
-        ],
-        "mlp_layer_types": ["dense"] * 3 + ["sparse"] * 42,
-        "first_k_dense_replace": 3,
-        "mhc": True,
-        "hc_mult": 4,
-        "hc_eps": 1e-6,
-        "hc_sinkhorn_iters": 20,
-        "swiglu_limit": 10.0,
-        "moe_router_dtype": "float32",
-    }
 
 
-def _write_model_dir(root: Path, model: str) -> Path:
+def _write_model_dir(root: Path, model: str, config: dict[str, Any]) -> Path:
     path = root / model
     path.mkdir(parents=True, exist_ok=True)
-    text = _text_config(model)
-    if model == DEEPSEEK:
-        config = text | {
-            "architectures": ["DeepseekV32ForCausalLM"],
-            "model_type": "deepseek_v32",
-            "torch_dtype": "bfloat16",
-        }
-    else:
-        config = {
-            "architectures": ["Glm5NextForCausalLM"],
-            "model_type": "glm5_next",
-            "torch_dtype": "bfloat16",
-            "tie_word_embeddings": False,
-            "text_config": text | {"model_type": "glm5_next_text"},
-        }
     (path / "config.json").write_text(json.dumps(config))
     return path
 
@@ -431,6 +378,7 @@ def _load_libcuda_or_stub(tmp_dir: Path) -> dict[str, str]:
     gcc = shutil.which("gcc")
     if gcc is None:
         pytest.skip("needs libcuda.so.1 or gcc to build a driver stub")
+    assert gcc is not None  # pytest.skip does not return
     source = tmp_dir / "libcuda_stub.c"
     source.write_text(_STUB_SOURCE)
     library = tmp_dir / "libcuda.so.1"
@@ -442,10 +390,13 @@ def _load_libcuda_or_stub(tmp_dir: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def selections(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def selections(
+    tmp_path_factory: pytest.TempPathFactory, glm5_flash_config: dict[str, Any]
+) -> dict[str, Any]:
     tmp_dir = tmp_path_factory.mktemp("fp8_kv_cache")
     env = os.environ | _load_libcuda_or_stub(tmp_dir)
-    model_dirs = {m: str(_write_model_dir(tmp_dir, m)) for m in (GLM, DEEPSEEK)}
+    configs = {GLM: glm5_flash_config, DEEPSEEK: _deepseek_v32_config()}
+    model_dirs = {m: str(_write_model_dir(tmp_dir, m, c)) for m, c in configs.items()}
     cases = {k: v[0] for k, v in (SELECTION_CASES | ERROR_CASES).items()}
     proc = subprocess.run(
         [sys.executable, __file__, json.dumps(cases), json.dumps(model_dirs)],
@@ -592,3 +543,16 @@ def test_zero_rope_slot_adds_nothing_to_random_logits() -> None:
 
 if __name__ == "__main__":
     _worker(json.loads(sys.argv[1]), json.loads(sys.argv[2]))
+
+
+def test_sparse_topk_buffer_width(glm5_flash_config: dict[str, Any]) -> None:
+    """The sparse decode index keeps KPool's 2048 picks plus up to three tail
+    tokens, padded to a width FlashMLA's FP8 sparse kernel accepts."""
+    from transformers import PretrainedConfig
+
+    from vllm.models.glm5next.common.model import get_sparse_topk_buffer_width
+
+    config = PretrainedConfig(**glm5_flash_config)
+    width = get_sparse_topk_buffer_width(config)
+    assert width >= 2048 + (4 - 1)
+    assert width % 64 == 0
