@@ -71,3 +71,22 @@ def test_online_quantization_coverage(checkpoint, regex, base, expected):
     assert report["tree"] == ("base" if base else "patched")
     assert report["online_quantized"] == expected
     assert report["mtp_online_quantized"] == 0
+
+
+@pytest.mark.parametrize(
+    "args, total",
+    [
+        (("--checkpoint", "bf16", "--quantization", "mxfp8"), None),
+        (("--checkpoint", "bf16", "--quantization-config", targets(ALL_196)), 0),
+    ],
+    ids=["mxfp8-shorthand", "bf16-targets-without-quantization-online"],
+)
+def test_no_attention_projection_without_an_online_request(args, total):
+    """The shorthand quantizes MLPs only; a BF16 checkpoint without
+    `--quantization online` ignores the targets, as on 0.33.0."""
+    report = coverage(*args)
+    for part in ("target", "mtp"):
+        online = report["by_projection"][part]["online"]
+        assert [name for name in online if name.startswith("self_attn")] == []
+    if total is not None:
+        assert report["online_quantized"] == total
