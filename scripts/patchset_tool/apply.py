@@ -38,9 +38,12 @@ class Summary:
     verified_base: int
     seconds: float
     dest: Path | None
+    up_to_date: bool = False
 
     def __str__(self) -> str:
         where = f"into {self.dest}" if self.dest else "(--check: nothing written)"
+        if self.up_to_date:
+            where = f"in {self.dest}, already up to date"
         return (
             f"applied {self.patches} patches, {self.files} files, {self.hunks} "
             f"hunks {where}; {self.verified_base} base files match RECORD; "
@@ -108,16 +111,21 @@ def _check_base(install: Install, patches: list[Patch]) -> list[str]:
 def _copy_package(install: Install, staging: Path) -> None:
     """Copy the installed package into `staging`, linking extensions.
 
-    Bytecode caches come along with their sources' modification times, so
-    they stay valid for every file the series does not change."""
+    Bytecode caches are left behind: `run` lets Python write fresh ones into
+    the patched tree on first import."""
 
     def copy(src: str, dst: str) -> None:
         if src.endswith(".so"):
             os.symlink(src, dst)
         else:
-            shutil.copy2(src, dst)
+            shutil.copyfile(src, dst)
 
-    shutil.copytree(install.package, staging / "vllm", copy_function=copy)
+    shutil.copytree(
+        install.package,
+        staging / "vllm",
+        copy_function=copy,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     shutil.copytree(install.dist_info, staging / install.dist_info.name)
 
 
@@ -187,13 +195,26 @@ def remove_stale_staging(dest: Path) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def apply_to_package(dest: Path | None, install: Install | None = None) -> Summary:
+def apply_to_package(
+    dest: Path | None, install: Install | None = None, force: bool = False
+) -> Summary:
     """Materialize the patched package at `dest` (None: check only)."""
     start = time.monotonic()
     gitutil.git_exe()
     install = install or default_install()
     patches = load_series(paths.PATCHES)
     existing = _check_base(install, patches)
+    if dest is not None and not force and is_current(dest, install):
+        _compare_with_overlay(patches, dest)
+        return Summary(
+            len(patches),
+            len(touched_files(patches)),
+            sum(p.hunks for p in patches),
+            len(existing),
+            time.monotonic() - start,
+            dest,
+            up_to_date=True,
+        )
     if dest is not None:
         _writable_parent(dest)
         remove_stale_staging(dest)

@@ -37,7 +37,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     if envmgr.env_python(require=False) is None:
         envmgr.setup()
     dest = None if args.check else (args.dest or paths.patched_tree())
-    print(apply.apply_to_package(dest))
+    print(apply.apply_to_package(dest, force=args.force))
     return 0
 
 
@@ -155,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--check", action="store_true", help="verify everything, write nothing"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild the patched tree even if it is up to date",
     )
     p.add_argument(
         "--vllm-src",

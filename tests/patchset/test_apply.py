@@ -48,6 +48,16 @@ def test_apply_materializes_the_patched_copy(
     assert not (pristine_site / PROBE).exists()
 
 
+def test_second_apply_is_up_to_date(project: Project, series: Path) -> None:
+    assert project.patchset("apply").returncode == 0
+    stamp = project.patched / ".patchset-stamp.json"
+    before = stamp.stat().st_mtime_ns
+    again = project.patchset("apply")
+    assert again.returncode == 0, again.stderr
+    assert "already up to date" in again.stdout
+    assert stamp.stat().st_mtime_ns == before
+
+
 def test_check_mode_writes_nothing(project: Project, series: Path) -> None:
     result = project.patchset("apply", "--check")
     assert result.returncode == 0, result.stderr
@@ -124,7 +134,7 @@ def test_interrupted_apply_leaves_no_partial_state(
         assert project.patchset("apply").returncode == 0
         before = tree_digest(project.patched)
     env = {**project.env, "PATCHSET_TEST_KILL_AFTER": "1"}
-    killed = project.patchset("apply", env=env)
+    killed = project.patchset("apply", "--force", env=env)
     assert killed.returncode == -signal.SIGKILL
     if previous:
         assert tree_digest(project.patched) == before
