@@ -32,7 +32,6 @@ import argparse
 import contextlib
 import ctypes
 import importlib.util
-import json
 import os
 import sys
 import tempfile
@@ -43,7 +42,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from patchset_tool.coverage import TREE_VAR, build_models, is_mtp_layer, load_conftest
+from patchset_tool.coverage import (
+    TREE_VAR,
+    build_models,
+    is_mtp_layer,
+    load_conftest,
+    print_report,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 FP8_KV_CACHE_TESTS = REPO / "tests" / "models" / "glm5next" / "test_fp8_kv_cache.py"
@@ -439,22 +444,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tp", type=int, default=8, metavar="N")
     parser.add_argument("--max-model-len", type=int, default=32768, metavar="L")
     parser.add_argument("--json", action="store_true", help="print JSON")
-    args = sys.argv[1:] if argv is None else argv
-    # `patchset capacity [--base] -- ARGS` passes the separator through.
-    return parser.parse_args(args[1:] if args[:1] == ["--"] else args)
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Print the capacity report; 0 on success."""
     args = parse_args(argv)
     start = time.monotonic()
-    report = measure(args)
-    seconds = time.monotonic() - start
-    if args.json:
-        print(json.dumps({**report, "seconds": round(seconds, 1)}))
-    else:
-        print(format_report(report, seconds))
-    return 0
+    return print_report(measure(args), start, args.json, format_report)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -220,9 +221,6 @@ def format_report(report: dict[str, Any], seconds: float) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--"]:  # `patchset coverage [--base] -- ARGS`
-        argv = argv[1:]
     parser = argparse.ArgumentParser(prog="patchset coverage", description=__doc__)
     parser.add_argument("--config", default="glm-5.3-flash", metavar="NAME|PATH")
     parser.add_argument(
@@ -234,16 +232,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def print_report(
+    report: dict[str, Any],
+    start: float,
+    as_json: bool,
+    formatter: Callable[[dict[str, Any], float], str],
+) -> int:
+    """Print a report as text or, with `as_json`, one JSON line; 0."""
+    seconds = time.monotonic() - start
+    if as_json:
+        print(json.dumps({**report, "seconds": round(seconds, 1)}))
+    else:
+        print(formatter(report, seconds))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.monotonic()
-    report = measure(args)
-    seconds = time.monotonic() - start
-    if args.json:
-        print(json.dumps({**report, "seconds": round(seconds, 1)}))
-    else:
-        print(format_report(report, seconds))
-    return 0
+    return print_report(measure(args), start, args.json, format_report)
 
 
 if __name__ == "__main__":
