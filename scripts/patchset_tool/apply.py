@@ -204,6 +204,8 @@ def apply_to_package(
     install = install or default_install()
     patches = load_series(paths.PATCHES)
     existing = _check_base(install, patches)
+    if dest is not None:
+        remove_stale_staging(dest)  # what a killed apply left behind
     if dest is not None and not force and is_current(dest, install):
         _compare_with_overlay(patches, dest)
         return Summary(
@@ -217,7 +219,6 @@ def apply_to_package(
         )
     if dest is not None:
         _writable_parent(dest)
-        remove_stale_staging(dest)
         staging = Path(
             tempfile.mkdtemp(prefix=f".{dest.name}.staging-", dir=dest.parent)
         )
