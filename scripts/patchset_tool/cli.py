@@ -6,6 +6,7 @@ import argparse
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import apply, bisect, check, envmgr, export, paths, runner, testcmd, worktree
@@ -121,7 +122,9 @@ def cmd_test(args: argparse.Namespace) -> int:
     return testcmd.run_tests()
 
 
-def cmd_report(module: str):  # type: ignore[no-untyped-def]
+def cmd_report(module: str) -> Callable[[argparse.Namespace], int]:
+    """The handler that runs report `module` against the chosen tree."""
+
     def run_report(args: argparse.Namespace) -> int:
         if envmgr.env_python(require=False) is None:
             envmgr.setup()
