@@ -85,7 +85,7 @@ def default_install() -> Install:
     return find_install(envmgr.site_packages(python))
 
 
-def _check_base(install: Install, patches: list[Patch]) -> list[str]:
+def check_base(install: Install, patches: list[Patch]) -> list[str]:
     """Verify the base files; return the vllm/ paths that must pre-exist."""
     existing, problems = [], []
     for path, existed in touched_files(patches).items():
@@ -203,7 +203,7 @@ def apply_to_package(
     gitutil.git_exe()
     install = install or default_install()
     patches = load_series(paths.PATCHES)
-    existing = _check_base(install, patches)
+    existing = check_base(install, patches)
     if dest is not None:
         remove_stale_staging(dest)  # what a killed apply left behind
     if dest is not None and not force and is_current(dest, install):

@@ -180,7 +180,7 @@ def _upstream_part(python: Path) -> Part:
     upstream's own tethering and SPDX hooks on the files it adds."""
     part, start = Part("upstream gates (vLLM 0.33.0 sdist checkout)"), time.monotonic()
     print(f"\n=== {part.name}", flush=True)
-    changed = sorted({d.path for p in load_series(paths.PATCHES) for d in p.files})
+    changed = sorted(apply.touched_files(load_series(paths.PATCHES)))
     with tempfile.TemporaryDirectory() as tmp:
         clone = upstream.scratch_clone(Path(tmp))
         commands = [

@@ -37,7 +37,7 @@ def create(dest: Path) -> int:
         raise PatchsetError(f"{dest} exists; remove it or pass another --dest")
     install = apply.default_install()
     patches = load_series(paths.PATCHES)
-    base_files = apply._check_base(install, patches)
+    base_files = apply.check_base(install, patches)
     staging = dest.with_name(f".{dest.name}.staging")
     shutil.rmtree(staging, ignore_errors=True)
     staging.parent.mkdir(parents=True, exist_ok=True)
