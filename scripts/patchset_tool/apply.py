@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import envmgr, gitutil, paths
+from .bases import Base
 from .errors import PatchsetError
 from .pristine import Install, find_install
 from .series import Patch, load_series
@@ -32,6 +33,7 @@ SITE_VAR = "GLM5NEXT_PATCHSET_SITE"
 
 @dataclass
 class Summary:
+    base: Base
     patches: int
     files: int
     hunks: int
@@ -45,9 +47,10 @@ class Summary:
         if self.up_to_date:
             where = f"in {self.dest}, already up to date"
         return (
-            f"applied {self.patches} patches, {self.files} files, {self.hunks} "
-            f"hunks {where}; {self.verified_base} base files match RECORD; "
-            f"result equals vllm_overlay/ and {paths.MODEL_TESTS}/; "
+            f"vLLM {self.base.version}: applied {self.patches} patches, "
+            f"{self.files} files, {self.hunks} hunks {where}; "
+            f"{self.verified_base} base files match RECORD; result equals "
+            f"{self.base.overlay.relative_to(paths.REPO)}/; "
             f"{self.seconds:.2f} s"
         )
 
@@ -61,28 +64,29 @@ def touched_files(patches: list[Patch]) -> dict[str, bool]:
     return first_touch
 
 
-def series_digest(install: Install) -> str:
+def series_digest(install: Install, base: Base) -> str:
     """What a patched tree was built from: the series, the patches, the
     overlay and the base install."""
     h = hashlib.sha256(str(install.site).encode())
-    h.update(paths.SERIES.read_bytes())
-    for patch in load_series(paths.PATCHES):
+    h.update(base.series_file.read_bytes())
+    for patch in load_series(base.patches):
         h.update(patch.path.read_bytes())
-    for path in paths.files_under(paths.OVERLAY):
-        h.update(str(path.relative_to(paths.OVERLAY)).encode())
+    for path in paths.files_under(base.overlay):
+        h.update(str(path.relative_to(base.overlay)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()
 
 
-def default_install() -> Install:
-    """The install the series applies to: the managed environment's, or
-    the site-packages named by GLM5NEXT_PATCHSET_SITE (a copy under test)."""
+def default_install(base: Base) -> Install:
+    """The install `base`'s series applies to: its managed environment's,
+    or the site-packages named by GLM5NEXT_PATCHSET_SITE (a copy under
+    test)."""
     override = os.environ.get(SITE_VAR)
     if override:
-        return find_install(Path(override))
-    python = envmgr.env_python()
+        return find_install(Path(override), base)
+    python = envmgr.env_python(base)
     assert python is not None
-    return find_install(envmgr.site_packages(python))
+    return find_install(envmgr.site_packages(python), base)
 
 
 def check_base(install: Install, patches: list[Patch]) -> list[str]:
@@ -129,6 +133,15 @@ def _copy_package(install: Install, staging: Path) -> None:
     shutil.copytree(install.dist_info, staging / install.dist_info.name)
 
 
+def apply_series_in(root: Path, base: Base) -> None:
+    """Apply `base`'s series to the copy of vLLM's files under `root` (which
+    holds `vllm/`) and prove the result equals the base's overlay; raise
+    naming the patch, file and hunk that fail."""
+    patches = load_series(base.patches)
+    _apply_patches(patches, root)
+    _compare_with_overlay(patches, root, base)
+
+
 def _apply_patches(patches: list[Patch], staging: Path) -> None:
     env = gitutil.outside_repo_env(staging)
     kill_after = os.environ.get(KILL_AFTER_VAR)
@@ -149,12 +162,12 @@ def _apply_patches(patches: list[Patch], staging: Path) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _compare_with_overlay(patches: list[Patch], staging: Path) -> None:
-    """The applied result must equal vllm_overlay/ and the model tests."""
+def _compare_with_overlay(patches: list[Patch], staging: Path, base: Base) -> None:
+    """The applied result must equal the base's overlay, file for file."""
     problems = []
     touched = touched_files(patches)
     for path in touched:
-        reference = paths.copy_of(path)
+        reference = base.copy_of(path)
         result = staging / path
         if not reference.is_file():
             problems.append(
@@ -162,10 +175,10 @@ def _compare_with_overlay(patches: list[Patch], staging: Path) -> None:
             )
         elif result.read_bytes() != reference.read_bytes():
             problems.append(f"{path}: the series' result differs from {reference}")
-    for extra in paths.files_under(paths.OVERLAY):
-        rel = extra.relative_to(paths.OVERLAY).as_posix()
+    for extra in paths.files_under(base.overlay):
+        rel = extra.relative_to(base.overlay).as_posix()
         if rel not in touched:
-            problems.append(f"vllm_overlay/{rel}: no patch in the series changes it")
+            problems.append(f"{extra}: no patch in the series changes it")
     if problems:
         raise PatchsetError(
             "series and overlay disagree:\n  "
@@ -196,19 +209,23 @@ def remove_stale_staging(dest: Path) -> None:
 
 
 def apply_to_package(
-    dest: Path | None, install: Install | None = None, force: bool = False
+    base: Base,
+    dest: Path | None,
+    install: Install | None = None,
+    force: bool = False,
 ) -> Summary:
-    """Materialize the patched package at `dest` (None: check only)."""
+    """Materialize `base`'s patched package at `dest` (None: check only)."""
     start = time.monotonic()
     gitutil.git_exe()
-    install = install or default_install()
-    patches = load_series(paths.PATCHES)
+    install = install or default_install(base)
+    patches = load_series(base.patches)
     existing = check_base(install, patches)
     if dest is not None:
         remove_stale_staging(dest)  # what a killed apply left behind
-    if dest is not None and not force and is_current(dest, install):
-        _compare_with_overlay(patches, dest)
+    if dest is not None and not force and is_current(dest, install, base):
+        _compare_with_overlay(patches, dest, base)
         return Summary(
+            base,
             len(patches),
             len(touched_files(patches)),
             sum(p.hunks for p in patches),
@@ -227,10 +244,11 @@ def apply_to_package(
     try:
         _copy_package(install, staging)
         _apply_patches(patches, staging)
-        _compare_with_overlay(patches, staging)
+        _compare_with_overlay(patches, staging, base)
         if dest is not None:
             stamp = {
-                "digest": series_digest(install),
+                "digest": series_digest(install, base),
+                "vllm": base.version,
                 "base": str(install.site),
                 "patches": [p.name for p in patches],
             }
@@ -239,6 +257,7 @@ def apply_to_package(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return Summary(
+        base,
         len(patches),
         len(touched_files(patches)),
         sum(p.hunks for p in patches),
@@ -258,20 +277,20 @@ def _swap_into_place(staging: Path, dest: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def is_current(dest: Path, install: Install) -> bool:
-    """Whether `dest` was built from the current series and base."""
+def is_current(dest: Path, install: Install, base: Base) -> bool:
+    """Whether `dest` was built from `base`'s current series and install."""
     try:
         stamp = json.loads((dest / STAMP).read_text())
     except (OSError, ValueError):
         return False
-    return bool(stamp.get("digest") == series_digest(install))
+    return bool(stamp.get("digest") == series_digest(install, base))
 
 
-def apply_to_checkout(src: Path, check: bool) -> tuple[int, float]:
-    """`git am -3` the series onto a vLLM checkout (check: in a scratch
+def apply_to_checkout(base: Base, src: Path, check: bool) -> tuple[int, float]:
+    """`git am -3` `base`'s series onto a vLLM checkout (check: in a scratch
     worktree, leaving `src` alone); return (patches, seconds)."""
     start = time.monotonic()
-    patches = load_series(paths.PATCHES)
+    patches = load_series(base.patches)
     gitutil.require_clean_checkout(src)
     if check:
         with scratch_worktree(src) as scratch:

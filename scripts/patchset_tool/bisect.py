@@ -4,49 +4,65 @@
 
 Exit codes follow git bisect: 0 good, 1 bad, 125 skip (the series does not
 apply at this commit, or vLLM cannot be imported there). The checkout's
-Python runs over the compiled extensions of the managed vllm install
-(linked into a scratch worktree), as with vLLM's precompiled wheels, so
-this bisects Python changes, which is what the series touches.
+Python runs over the compiled extensions of the release it belongs to (the
+newest declared base not newer than the commit), linked into a scratch
+worktree as with vLLM's precompiled wheels, so this bisects Python
+changes, which is what the series touches.
 """
 
-import os
+import re
 import subprocess
 from pathlib import Path
 
-from . import apply, envmgr, gitutil, paths, runner
+from . import apply, envmgr, gitutil, sourcetree
+from .bases import Base, release_order
 from .errors import PatchsetError
 from .series import load_series
 
 SKIP = 125
 
 
-def _link_extensions(install_package: Path, tree: Path) -> int:
-    linked = 0
-    for so in install_package.rglob("*.so"):
-        target = tree / "vllm" / so.relative_to(install_package)
-        if target.parent.is_dir() and not target.exists():
-            os.symlink(so, target)
-            linked += 1
-    return linked
+def release_of(src: Path) -> Base | None:
+    """The declared base whose compiled extensions suit HEAD of `src`: the
+    release its vllm/_version.py names, else the newest declared base whose
+    tag is an ancestor of HEAD."""
+    version_file = src / "vllm" / "_version.py"
+    if version_file.is_file():
+        found = re.search(r"__version__\s*=.*?'([0-9.]+)", version_file.read_text())
+        for base in release_order():
+            if found and base.version == found.group(1):
+                return base
+    ancestors = [
+        b
+        for b in release_order()
+        if gitutil.git(
+            "merge-base", "--is-ancestor", b.tag, "HEAD", cwd=src, check=False
+        ).returncode
+        == 0
+    ]
+    return ancestors[-1] if ancestors else None
 
 
-def bisect_run(src: Path, pytest_args: list[str]) -> int:
-    """Apply the series at HEAD of `src` in a scratch worktree and run the
-    model tests there; return 0, 1 or 125."""
-    python = envmgr.env_python()
-    assert python is not None
+def bisect_run(series_base: Base, src: Path, pytest_args: list[str]) -> int:
+    """Apply `series_base`'s series at HEAD of `src` in a scratch worktree
+    and run its model tests there, over the compiled extensions of the
+    release HEAD belongs to; return 0, 1 or 125."""
     head = gitutil.require_clean_checkout(src)[:12]
-    patches = load_series(paths.PATCHES)
+    release = release_of(src)
+    if release is None:
+        print(f"bisect-run: {head}: no declared release precedes it, skipping (125)")
+        return SKIP
+    python = envmgr.env_python(release, require=False) or envmgr.setup(release)
+    patches = load_series(series_base.patches)
     with apply.scratch_worktree(src) as scratch:
         try:
             gitutil.am_series(scratch, patches)
         except PatchsetError as exc:
             print(f"bisect-run: {head}: series does not apply, skipping (125)\n{exc}")
             return SKIP
-        install = apply.default_install()
-        _link_extensions(install.package, scratch)
-        env = runner.tree_env(python, base=True)
-        env["PYTHONPATH"] = os.pathsep.join([str(scratch), env["PYTHONPATH"]])
+        install = apply.default_install(release)
+        sourcetree.link_extensions(install.package, scratch)
+        env = sourcetree.checkout_env(python, release, scratch)
         probe = subprocess.run(
             [str(python), "-c", "import vllm"],
             cwd=scratch,
@@ -57,17 +73,16 @@ def bisect_run(src: Path, pytest_args: list[str]) -> int:
         if probe.returncode:
             print(
                 f"bisect-run: {head}: vllm does not import over the "
-                f"{paths.VLLM_VERSION} extensions, skipping (125)\n"
+                f"{release.version} extensions, skipping (125)\n"
                 f"{probe.stderr[-2000:]}"
             )
             return SKIP
-        # The test files the series adds, with only their own conftest:
-        # vLLM's tests/conftest.py needs the whole upstream test stack.
+        # The test files the series adds, run as upstream CI runs them:
+        # from tests/, with upstream's tests/conftest.py loaded.
         tests = [
-            d.path
-            for p in patches
-            for d in p.files
-            if d.is_new and d.path.startswith(f"{paths.MODEL_TESTS}/test_")
+            str(Path(t).relative_to("tests"))
+            for t in sourcetree.series_test_files(series_base)
+            if Path(t).name.startswith("test_")
         ]
         command = [
             str(python),
@@ -76,11 +91,10 @@ def bisect_run(src: Path, pytest_args: list[str]) -> int:
             "-q",
             "-p",
             "no:cacheprovider",
-            f"--confcutdir={paths.MODEL_TESTS}",
             *tests,
             *pytest_args,
         ]
-        result = subprocess.run(command, cwd=scratch, env=env).returncode
+        result = subprocess.run(command, cwd=scratch / "tests", env=env).returncode
     verdict = 0 if result == 0 else 1 if result in (1, 2) else SKIP
     print(f"bisect-run: {head}: pytest exited {result}; reporting {verdict}")
     return verdict

@@ -47,11 +47,11 @@ from patchset_tool.coverage import (
     build_models,
     is_mtp_layer,
     load_conftest,
+    model_tests,
     print_report,
+    single_process_distributed,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-FP8_KV_CACHE_TESTS = REPO / "tests" / "models" / "glm5next" / "test_fp8_kv_cache.py"
 SM90 = (9, 0)
 GIB = 1 << 30
 DEFAULT_BUDGET_GIB = 65.37
@@ -63,7 +63,7 @@ def load_fp8_kv_cache_tests() -> ModuleType:
     """tests/models/glm5next/test_fp8_kv_cache.py, for its mocked CUDA
     platform, backend selection and driver stub."""
     spec = importlib.util.spec_from_file_location(
-        "glm5next_fp8_kv_cache", FP8_KV_CACHE_TESTS
+        "glm5next_fp8_kv_cache", model_tests() / "test_fp8_kv_cache.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -126,6 +126,21 @@ def create_vllm_config(
     ).create_engine_config()
 
 
+def gpu_less_impl(real_impl: type, conftest: ModuleType) -> type:
+    """The model tests' GPU-less sparse MLA implementation, keeping its
+    constructor arguments and, where the real implementation sizes
+    fp8_ds_mla rows itself (0.34.0 and later), that method."""
+
+    def keep_arguments(self: Any, **kwargs: Any) -> None:
+        self.__dict__.update(kwargs)
+
+    attrs: dict[str, Any] = {"__init__": keep_arguments}
+    row_bytes = getattr(real_impl, "get_fp8_ds_mla_row_bytes", None)
+    if row_bytes is not None:
+        attrs["get_fp8_ds_mla_row_bytes"] = row_bytes
+    return type(real_impl.__name__, (conftest._NoGpuSparseMLAImpl,), attrs)
+
+
 def mla_backend_stub(tests: ModuleType, conftest: ModuleType) -> Any:
     """A `get_attn_backend` for MLAAttention: the backend the SM90 platform
     picks, with an implementation that needs no GPU."""
@@ -138,7 +153,7 @@ def mla_backend_stub(tests: ModuleType, conftest: ModuleType) -> Any:
         with sm90_platform(tests):
             name = tests._select_mla_backend(config, head_size, kwargs["num_heads"])
         real = AttentionBackendEnum[name].get_class()
-        impl = conftest._NoGpuSparseMLAImpl
+        impl = gpu_less_impl(real.get_impl_cls(), conftest)
         return type(
             real.__name__, (real,), {"get_impl_cls": staticmethod(lambda: impl)}
         )
@@ -307,7 +322,7 @@ def measure_dtype(
         with sm90_platform(tests):
             vllm_config = create_vllm_config(model_dir, dtype, args)
         engine_dtype = vllm_config.cache_config.cache_dtype
-        with conftest.single_process_distributed(vllm_config):
+        with single_process_distributed(vllm_config):
             layers = build_layers(vllm_config, args.tp)
             with sm90_platform(tests):
                 from vllm.platforms import current_platform
@@ -377,8 +392,10 @@ def token_breakdown(column: dict[str, Any]) -> dict[str, float]:
 def format_column(column: dict[str, Any]) -> list[str]:
     """The text report of one `--kv-cache-dtype`."""
     lines = [
-        f"--kv-cache-dtype {column['kv_cache_dtype']} -> engine cache dtype "
-        f"{column['engine_cache_dtype']}, block size {column['block_size']}"
+        (
+            f"--kv-cache-dtype {column['kv_cache_dtype']} -> engine cache dtype "
+            f"{column['engine_cache_dtype']}, block size {column['block_size']}"
+        )
     ]
     for row in column["caches"]:
         per_token = (
@@ -413,8 +430,10 @@ def format_report(report: dict[str, Any], seconds: float) -> str:
     """The text report: each column, then the ratios."""
     lines = [
         f"GLM-5.3-Flash KV cache capacity on SM90 (tree: {report['tree']})",
-        f"budget {report['budget_gib']} GiB/GPU, TP {report['tp']}, "
-        f"max-model-len {report['max_model_len']:,}, MTP 1",
+        (
+            f"budget {report['budget_gib']} GiB/GPU, TP {report['tp']}, "
+            f"max-model-len {report['max_model_len']:,}, MTP 1"
+        ),
     ]
     for column in report["columns"].values():
         lines += format_column(column)

@@ -3,10 +3,11 @@
 """`patchset check`: a fast offline consistency check that imports no vLLM.
 
 Patches are made with `git format-patch --full-index`, so each file's
-`index OLD..NEW` line carries full blob ids. The check proves, from hashes
-alone, that consecutive patches chain, that the last post-image of every
-vllm/ file is the overlay's file, and that every new test file is the
-project's copy under tests/models/glm5next/.
+`index OLD..NEW` line carries full blob ids. For every base, the check
+proves from hashes alone that consecutive patches chain and that the last
+post-image of every file is that base's overlay copy. Across the bases it
+proves that the series carry the same patches by subject, in the same
+order, unless `bases.toml` declares a difference with its reason.
 """
 
 import hashlib
@@ -14,6 +15,7 @@ import re
 
 from . import envmgr, paths
 from .apply import default_install
+from .bases import Base, declared_differences, load_bases
 from .errors import PatchsetError
 from .series import Patch, load_series, read_series
 
@@ -68,10 +70,10 @@ def file_chain(patches: list[Patch]) -> tuple[list[str], dict[str, str]]:
     return problems, last
 
 
-def _check_results(last: dict[str, str], new_files: set[str]) -> list[str]:
+def _check_results(base: Base, last: dict[str, str], new_files: set[str]) -> list[str]:
     problems = []
     for path, blob in last.items():
-        copy = paths.copy_of(path)
+        copy = base.copy_of(path)
         if blob == NULL_BLOB:
             if copy.exists():
                 problems.append(f"{copy}: the series deletes it, but it exists")
@@ -91,23 +93,18 @@ def _check_results(last: dict[str, str], new_files: set[str]) -> list[str]:
             and not data.decode(errors="replace").startswith(SPDX)
         ):
             problems.append(f"{path}: new file without the SPDX header")
-    for root, prefix in (
-        (paths.OVERLAY, ""),
-        (paths.REPO / paths.MODEL_TESTS, str(paths.MODEL_TESTS) + "/"),
-    ):
-        for extra in paths.files_under(root):
-            rel = prefix + extra.relative_to(root).as_posix()
-            if rel not in last:
-                problems.append(f"{extra}: not part of any patch in the series")
+    for extra in paths.files_under(base.overlay):
+        if extra.relative_to(base.overlay).as_posix() not in last:
+            problems.append(f"{extra}: not part of any patch in the series")
     return problems
 
 
-def _check_base_files(patches: list[Patch], new_files: set[str]) -> str:
+def _check_base_files(base: Base, patches: list[Patch], new_files: set[str]) -> str:
     """Verify base files against RECORD when an environment exists."""
-    if envmgr.env_python(require=False) is None:
+    if envmgr.env_python(base, require=False) is None:
         return "base files: not verified (no managed environment yet)"
-    install = default_install()
-    base = sorted(
+    install = default_install(base)
+    touched = sorted(
         {
             d.path
             for p in patches
@@ -115,36 +112,75 @@ def _check_base_files(patches: list[Patch], new_files: set[str]) -> str:
             if d.path.startswith("vllm/") and d.path not in new_files
         }
     )
-    install.verify(base)
-    return f"base files: {len(base)} match RECORD of vllm {install.version}"
+    install.verify(touched)
+    return f"base files: {len(touched)} match RECORD of vllm {install.version}"
 
 
-def check() -> list[str]:
-    """Run every check; raise listing all problems, else return notes."""
-    names = read_series(paths.PATCHES)
+def check_base_series(base: Base) -> tuple[list[Patch], list[str]]:
+    """Check one base's series against its overlay; return the parsed
+    series and notes, or raise listing every problem."""
+    names = read_series(base.patches)
     problems = []
-    listed = set(names)
-    for stray in sorted(paths.PATCHES.glob("*.patch")):
-        if stray.name not in listed:
-            problems.append(f"{stray}: not listed in {paths.SERIES}")
+    for stray in sorted(base.patches.glob("*.patch")):
+        if stray.name not in names:
+            problems.append(f"{stray}: not listed in {base.series_file}")
     for number, name in enumerate(names, 1):
         if not name.startswith(f"{number:04d}-"):
             problems.append(
-                f"{paths.SERIES}: entry {number} is {name}; "
+                f"{base.series_file}: entry {number} is {name}; "
                 f"expected it to be numbered {number:04d}"
             )
-    patches = load_series(paths.PATCHES)
+    patches = load_series(base.patches)
     for patch in patches:
         problems += [f"{patch.name}: {p}" for p in _check_header(patch)]
     chain_problems, last = file_chain(patches)
     new_files = {d.path for p in patches for d in p.files if d.is_new}
-    problems += chain_problems + _check_results(last, new_files)
+    problems += chain_problems + _check_results(base, last, new_files)
+    if problems:
+        raise PatchsetError(
+            f"check failed for vLLM {base.version}:\n  " + "\n  ".join(problems)
+        )
+    notes = [
+        (
+            f"vLLM {base.version}: {len(patches)} patches, {len(last)} files, "
+            f"{sum(p.hunks for p in patches)} hunks: headers, blob chain, "
+            "overlay, model tests and SPDX headers agree"
+        ),
+        f"vLLM {base.version}: " + _check_base_files(base, patches, new_files),
+    ]
+    return patches, notes
+
+
+def _compare_subjects(series: dict[str, list[Patch]]) -> list[str]:
+    """Every base carries the same patches by subject, in the same order,
+    except subjects `bases.toml` declares as a difference."""
+    declared = declared_differences()
+    order = {
+        version: [p.subject for p in patches if p.subject not in declared]
+        for version, patches in series.items()
+    }
+    primary = next(iter(order))
+    return [
+        f"vLLM {version} carries {subjects}, but vLLM {primary} carries "
+        f"{order[primary]} (declare an intended difference in bases.toml)"
+        for version, subjects in order.items()
+        if subjects != order[primary]
+    ]
+
+
+def check() -> list[str]:
+    """Check every base's series; raise listing all problems, else return
+    notes."""
+    series: dict[str, list[Patch]] = {}
+    notes: list[str] = []
+    for base in load_bases():
+        series[base.version], base_notes = check_base_series(base)
+        notes += base_notes
+    problems = _compare_subjects(series)
     if problems:
         raise PatchsetError("check failed:\n  " + "\n  ".join(problems))
-    notes = [
-        f"{len(patches)} patches in series, {len(last)} files, "
-        f"{sum(p.hunks for p in patches)} hunks: headers, blob chain, "
-        "overlay, model tests and SPDX headers agree"
-    ]
-    notes.append(_check_base_files(patches, new_files))
+    notes.append(
+        f"{len(series)} bases carry the same {len(next(iter(series.values())))} "
+        "patches by subject, in order"
+    )
     return notes

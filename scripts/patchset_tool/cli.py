@@ -3,59 +3,85 @@
 """Command line of `scripts/patchset`: one subcommand per workflow step."""
 
 import argparse
+import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import apply, bisect, check, envmgr, export, paths, runner, testcmd, worktree
+from . import (
+    apply,
+    bisect,
+    check,
+    envmgr,
+    export,
+    gpu,
+    installed,
+    paths,
+    runner,
+    sourcetree,
+    testcmd,
+    wheel,
+    worktree,
+)
+from .bases import Base, get_base, load_bases, release_order
 from .errors import PatchsetError
 from .series import load_series
 
 
+def chosen_base(args: argparse.Namespace) -> Base:
+    """The base named by --base, or the primary one."""
+    return get_base(args.base)
+
+
 def cmd_setup(args: argparse.Namespace) -> int:
-    start = time.monotonic()
-    python = envmgr.setup()
-    print(f"environment ready: {python} ({time.monotonic() - start:.1f} s)")
+    for base in load_bases() if args.all else [chosen_base(args)]:
+        start = time.monotonic()
+        python = envmgr.setup(base)
+        print(
+            f"vLLM {base.version} environment ready: {python} "
+            f"({time.monotonic() - start:.1f} s)"
+        )
     return 0
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    print(envmgr.env_python())
+    print(envmgr.env_python(chosen_base(args)))
     return 0
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
+    base = chosen_base(args)
     if args.vllm_src:
-        count, seconds = apply.apply_to_checkout(args.vllm_src, args.check)
+        count, seconds = apply.apply_to_checkout(base, args.vllm_src, args.check)
         verb = "would apply" if args.check else "applied"
         print(
-            f"{verb} {count} patches to {args.vllm_src} with git am -3 "
-            f"({seconds:.2f} s)"
+            f"{verb} vLLM {base.version}'s {count} patches to {args.vllm_src} "
+            f"with git am -3 ({seconds:.2f} s)"
         )
-        return 0 if args.check else upstream_tethering(args.vllm_src)
-    if envmgr.env_python(require=False) is None:
-        envmgr.setup()
-    dest = None if args.check else (args.dest or paths.patched_tree())
-    print(apply.apply_to_package(dest, force=args.force))
+        return 0 if args.check else upstream_tethering(base, args.vllm_src)
+    if envmgr.env_python(base, require=False) is None:
+        envmgr.setup(base)
+    dest = None if args.check else (args.dest or base.patched_tree())
+    print(apply.apply_to_package(base, dest, force=args.force))
     return 0
 
 
-def upstream_tethering(src: Path) -> int:
+def upstream_tethering(base: Base, src: Path) -> int:
     """Run the checkout's own test-tethering hook on the test files the
     series adds, when the checkout has one."""
     script = src / "tools" / "pre_commit" / "check_test_tethering.py"
     added = [
         d.path
-        for p in load_series(paths.PATCHES)
+        for p in load_series(base.patches)
         for d in p.files
         if d.is_new and d.path.startswith("tests/") and d.path.endswith(".py")
     ]
     if not script.is_file() or not added:
         print(f"{src} has no {script.relative_to(src)}; upstream tethering not run")
         return 0
-    python = envmgr.env_python(require=False)
+    python = envmgr.env_python(base, require=False)
     rc = subprocess.run([str(python or sys.executable), str(script), *added], cwd=src)
     status = "passes" if rc.returncode == 0 else f"FAILS (exit {rc.returncode})"
     print(f"upstream check_test_tethering.py on {len(added)} new test files: {status}")
@@ -66,7 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise PatchsetError("run: no command given (use `run -- CMD ...`)", 2)
-    return runner.run(command, base=args.base)
+    return runner.run(command, chosen_base(args), pristine=args.pristine)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -78,39 +104,69 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_worktree(args: argparse.Namespace) -> int:
-    dest = args.dest or worktree.default_worktree()
-    count = worktree.create(dest)
+    base = chosen_base(args)
+    dest = args.dest or worktree.default_worktree(base)
+    count = worktree.create(dest, base)
     print(
-        f"work tree ready at {dest}: pristine vLLM {paths.VLLM_VERSION} "
+        f"work tree ready at {dest}: pristine vLLM {base.version} "
         f"(tag {worktree.BASE_TAG}) plus {count} commits, one per patch.\n"
-        "Edit it, then run `scripts/patchset refresh N`."
+        f"Edit it, then run `scripts/patchset refresh N --base {base.version}`."
     )
     return 0
 
 
 def cmd_refresh(args: argparse.Namespace) -> int:
-    work = args.vllm_src or worktree.default_worktree()
+    base = chosen_base(args)
+    work = args.vllm_src or worktree.default_worktree(base)
     if not work.is_dir():
         raise PatchsetError(
-            f"{work}: no work tree; run `scripts/patchset "
-            "worktree` first (or pass --vllm-src DIR)"
+            f"{work}: no work tree; run `scripts/patchset worktree --base "
+            f"{base.version}` first (or pass --vllm-src DIR)"
         )
-    changed = worktree.refresh(args.number, work)
+    changed = worktree.refresh(args.number, work, base)
     print(
-        f"refreshed from {work}: "
+        f"refreshed vLLM {base.version}'s series from {work}: "
         + (", ".join(changed) if changed else "no patch changed")
-        + "; vllm_overlay/ and tests follow"
+        + f"; {base.overlay.name}'s overlay follows"
     )
     return 0
 
 
+def cmd_rebase(args: argparse.Namespace) -> int:
+    onto = get_base(args.onto)
+    source = get_base(args.source) if args.source else previous_release(onto)
+    dest = args.dest or worktree.default_worktree(onto)
+    subjects = worktree.rebase(source, onto, dest)
+    print(
+        f"merged vLLM {source.version}'s {len(subjects)} patches onto "
+        f"{onto.tag} in {dest}, one commit per patch, with no conflict.\n"
+        "A textual merge is not a port: edit the work tree until the model "
+        f"tests pass there, amend the commits, then run `scripts/patchset "
+        f"refresh 1 --base {onto.version}` to write the series and overlay, "
+        f"and `scripts/patchset test --base {onto.version}`."
+    )
+    return 0
+
+
+def previous_release(onto: Base) -> Base:
+    """The newest declared base older than `onto` that has a series."""
+    older = [
+        b
+        for b in release_order()
+        if b.series_file.exists() and b.version_key < onto.version_key
+    ]
+    if not older:
+        raise PatchsetError(f"no older base with a series to port onto {onto.tag}")
+    return older[-1]
+
+
 def cmd_bisect_run(args: argparse.Namespace) -> int:
-    return bisect.bisect_run(args.vllm_src, args.pytest_args)
+    return bisect.bisect_run(chosen_base(args), args.vllm_src, args.pytest_args)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     description = args.pr_description or paths.build_dir() / "pr-description.md"
-    count = export.export(args.vllm_src, args.branch, description)
+    count = export.export(chosen_base(args), args.vllm_src, args.branch, description)
     print(
         f"branch {args.branch} in {args.vllm_src}: {count} commits on HEAD; "
         f"pull-request description in {description}"
@@ -119,43 +175,105 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    return testcmd.run_tests()
+    return testcmd.run_tests([chosen_base(args)] if args.base else load_bases())
+
+
+BENCHMARK = paths.REPO / "benchmarks" / gpu.BENCH_SCRIPT
+
+
+def gpu_test_files(base: Base) -> list[Path]:
+    """The base's copies of the series' tests that need an SM90 GPU: the
+    series' test files that its expected-skips list names."""
+    skipped = {
+        name.split("::", 1)[0] for name in testcmd.node_list(base.expected_skips)
+    }
+    ours = set(sourcetree.series_test_files(base))
+    return [base.copy_of(f) for f in sorted(skipped & ours)]
+
+
+def cmd_gpu(args: argparse.Namespace) -> int:
+    base = chosen_base(args)
+    results = paths.build_dir() / "gpu" / f"results-{base.version}"
+    if args.collect:
+        print(gpu.collect(args.collect, results))
+        return 0
+    if envmgr.env_python(base, require=False) is None:
+        envmgr.setup(base)
+    runner.ensure_patched_tree(base)
+    dest = paths.build_dir() / "gpu" / f"stage-{base.version}"
+    tests = gpu_test_files(base)
+    if not tests:
+        raise PatchsetError(f"{base.expected_skips}: names no GPU test to stage")
+    try:
+        gpu.stage(
+            base.patched_tree(),
+            tests,
+            dest,
+            cache_dir=paths.cache_root() / "gpu-xz",
+            bench=BENCHMARK if args.bench else None,
+        )
+    except ValueError as exc:
+        raise PatchsetError(str(exc)) from exc
+    stage_rel = dest.relative_to(paths.REPO).as_posix()
+    print(
+        f"staged {len(tests)} test file(s) for vLLM {base.version} in {dest}.\n"
+        f"On the H200, from a copy of this repository carrying {stage_rel}, run:\n"
+        f"  {gpu.device_command(stage_rel, bench=args.bench)}\n"
+        "then bring back $OUT and run: "
+        f"scripts/patchset gpu --base {base.version} --collect DIR"
+    )
+    return 0
 
 
 def cmd_report(module: str) -> Callable[[argparse.Namespace], int]:
     """The handler that runs report `module` against the chosen tree."""
 
     def run_report(args: argparse.Namespace) -> int:
-        if envmgr.env_python(require=False) is None:
-            envmgr.setup()
+        base = chosen_base(args)
+        if envmgr.env_python(base, require=False) is None:
+            envmgr.setup(base)
+        # vLLM logs to stdout by default; keep stdout for the report alone,
+        # so that `--json` output parses.
+        os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
         return runner.run(
             ["python", "-m", f"patchset_tool.{module}", *args.report_args],
-            base=args.base,
+            base,
+            pristine=args.pristine,
         )
 
     return run_report
 
 
+def _base_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--base",
+        metavar="VERSION",
+        help="the vLLM release (see bases.toml; default: the primary base)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="patchset",
-        description="Apply, verify and test the GLM-5.3-Flash series "
-        f"against vLLM {paths.VLLM_VERSION} ({paths.VLLM_COMMIT}).",
+        description="Apply, verify and test the GLM-5.3-Flash series against "
+        "the vLLM releases declared in bases.toml.",
     )
     sub = parser.add_subparsers(dest="subcommand", required=True)
 
-    sub.add_parser(
-        "setup", help="create or reuse the managed environment"
-    ).set_defaults(func=cmd_setup)
-    sub.add_parser("env", help="print the managed environment's python").set_defaults(
-        func=cmd_env
-    )
+    p = sub.add_parser("setup", help="create or reuse a base's managed environment")
+    _base_option(p)
+    p.add_argument("--all", action="store_true", help="every declared base")
+    p.set_defaults(func=cmd_setup)
+    p = sub.add_parser("env", help="print a base's managed python")
+    _base_option(p)
+    p.set_defaults(func=cmd_env)
 
     p = sub.add_parser(
         "apply",
-        help="apply the series (default: to a copy "
-        "of the installed package under build/)",
+        help="apply a base's series (default: to a copy "
+        "of the installed package under build/<version>/)",
     )
+    _base_option(p)
     p.add_argument(
         "--check", action="store_true", help="verify everything, write nothing"
     )
@@ -174,61 +292,87 @@ def build_parser() -> argparse.ArgumentParser:
         "--dest",
         type=Path,
         metavar="DIR",
-        help="where to write the patched tree (default: build/vllm-patched)",
+        help="where to write the patched tree (default: build/<version>/vllm-patched)",
     )
     p.set_defaults(func=cmd_apply)
 
     p = sub.add_parser(
         "run",
         help="run a command against the patched tree "
-        "(or --base: the pristine install) on the CPU platform",
+        "(or --pristine: the unpatched install) on the CPU platform",
     )
-    p.add_argument("--base", action="store_true")
+    _base_option(p)
+    p.add_argument("--pristine", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_run)
 
-    sub.add_parser("check", help="fast offline consistency check").set_defaults(
-        func=cmd_check
-    )
+    sub.add_parser(
+        "check", help="fast offline consistency check of every base's series"
+    ).set_defaults(func=cmd_check)
 
     p = sub.add_parser(
         "worktree",
         help="make a git work tree (pristine "
-        "base + one commit per patch) to edit the series in",
+        "release source + one commit per patch) to edit the series in",
     )
-    p.add_argument("--dest", type=Path, metavar="DIR", help="default: build/work")
+    _base_option(p)
+    p.add_argument(
+        "--dest", type=Path, metavar="DIR", help="default: build/<version>/work"
+    )
     p.set_defaults(func=cmd_worktree)
 
     p = sub.add_parser(
         "refresh",
         description="Regenerate patch N and later ones from the work tree, "
         "keeping each header; with N one past the end, turn the commit made "
-        "after the series into a new patch.",
+        "after the series into a new patch. For a base with no series yet "
+        "(after `rebase --onto`), write its series from the work tree.",
         help="regenerate patch N (and later ones) "
         "from the edited work tree; the overlay follows",
     )
+    _base_option(p)
     p.add_argument("number", type=int, metavar="N")
     p.add_argument(
         "--vllm-src",
         type=Path,
         metavar="DIR",
-        help="the work tree (default: build/work)",
+        help="the work tree (default: build/<version>/work)",
     )
     p.set_defaults(func=cmd_refresh)
+
+    p = sub.add_parser(
+        "rebase",
+        help="port a series to another release: three-way merge each patch "
+        "onto its tag in a new work tree",
+    )
+    p.add_argument("--onto", required=True, metavar="VERSION")
+    p.add_argument(
+        "--from",
+        dest="source",
+        metavar="VERSION",
+        help="the series to port (default: the newest older base with one)",
+    )
+    p.add_argument(
+        "--dest", type=Path, metavar="DIR", help="default: build/<onto>/work"
+    )
+    p.set_defaults(func=cmd_rebase)
 
     p = sub.add_parser(
         "bisect-run",
         help="for `git bisect run`: 125 when the "
         "series does not apply, else the glm5next tests' verdict",
     )
+    _base_option(p)
     p.add_argument("--vllm-src", type=Path, metavar="DIR", required=True)
     p.add_argument("pytest_args", nargs="*", metavar="PYTEST_ARG")
     p.set_defaults(func=cmd_bisect_run)
 
     p = sub.add_parser(
         "export",
-        help="a branch with one commit per patch and the pull-request description",
+        help="a branch with one commit per patch, authored and signed off by "
+        "you, and the pull-request description",
     )
+    _base_option(p)
     p.add_argument("--vllm-src", type=Path, metavar="DIR", required=True)
     p.add_argument("--branch", required=True)
     p.add_argument(
@@ -239,19 +383,59 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_export)
 
-    sub.add_parser(
+    p = sub.add_parser(
         "test",
-        help="the whole test command: check, tool tests, "
-        "model tests on base and patched, tethering, lint",
-    ).set_defaults(func=cmd_test)
+        help="the whole test command: check, tool tests, and per base the "
+        "model tests on pristine and patched, lint and upstream's gates",
+    )
+    _base_option(p)
+    p.set_defaults(func=cmd_test)
+
+    p = sub.add_parser(
+        "gpu",
+        help="stage the SM90 tests (and --bench, the decode benchmark) with "
+        "the base's kernels for an H200 machine; --collect its results",
+    )
+    _base_option(p)
+    p.add_argument("--bench", action="store_true", help="stage the benchmark too")
+    p.add_argument(
+        "--collect",
+        type=Path,
+        metavar="DIR",
+        help="copy a device run's $OUT files into build/gpu/results-<version>",
+    )
+    p.set_defaults(func=cmd_gpu)
+
+    p = sub.add_parser(
+        "build",
+        help="a pip-installable vLLM wheel with the base's series, in dist/",
+    )
+    _base_option(p)
+    p.add_argument("--dist", type=Path, metavar="DIR", help="default: dist/")
+    p.set_defaults(func=wheel.cmd_build)
+
+    p = sub.add_parser(
+        "verify-install",
+        help="which vLLM and series an environment holds, and whether its "
+        "files still match RECORD (exit 1 on drift)",
+    )
+    p.add_argument(
+        "python",
+        nargs="?",
+        type=Path,
+        metavar="PYTHON",
+        help="the environment's interpreter (default: python3 on PATH)",
+    )
+    p.set_defaults(func=installed.cmd_verify_install)
 
     for module, text in (
         ("coverage", "which layers online quantization reaches"),
         ("capacity", "KV-cache tokens per budget, BF16 vs FP8"),
     ):
         p = sub.add_parser(module, help=text + " (on the meta device)", add_help=False)
+        _base_option(p)
         p.add_argument(
-            "--base", action="store_true", help="report for the pristine install"
+            "--pristine", action="store_true", help="report for the unpatched install"
         )
         p.add_argument("report_args", nargs=argparse.REMAINDER)
         p.set_defaults(func=cmd_report(module))
@@ -261,13 +445,31 @@ def build_parser() -> argparse.ArgumentParser:
 REPORTS = ("coverage", "capacity")
 
 
+def _split_report_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the tool's own options, the report's options) of a report command:
+    --base VERSION and --pristine are the tool's, the rest pass through."""
+    own, rest = argv[:1], []
+    args = iter(argv[1:])
+    for arg in args:
+        if arg == "--pristine":
+            own.append(arg)
+        elif arg == "--base":
+            own += [arg, next(args, "")]
+        elif arg.startswith("--base="):
+            own.append(arg)
+        elif arg != "--":
+            rest.append(arg)
+    return own, rest
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     if argv[:1] and argv[0] in REPORTS:
         # The report's own options pass through untouched (no `--` needed).
-        args = parser.parse_args(argv[:1] + ["--base"] * ("--base" in argv))
-        args.report_args = [a for a in argv[1:] if a not in ("--base", "--")]
+        own, rest = _split_report_args(argv)
+        args = parser.parse_args(own)
+        args.report_args = rest
     else:
         args = parser.parse_args(argv)
     try:

@@ -21,6 +21,7 @@ are the ones of tests/models/glm5next/conftest.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -28,14 +29,23 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-CONFTEST = REPO / "tests" / "models" / "glm5next" / "conftest.py"
 TREE_VAR = "GLM5NEXT_PATCHSET_TREE"
+MODEL_TESTS_VAR = "GLM5NEXT_PATCHSET_MODEL_TESTS"
+"""Set by `patchset run`: the base's copy of tests/models/glm5next."""
+
+
+def model_tests() -> Path:
+    """The chosen base's copy of the series' model tests."""
+    where = os.environ.get(MODEL_TESTS_VAR)
+    if not where:
+        sys.exit(f"{MODEL_TESTS_VAR} is not set; run this through `scripts/patchset`")
+    return Path(where)
+
 
 NVFP4_CHECKPOINT = {
     "quant_method": "modelopt",
@@ -54,7 +64,9 @@ NVFP4_CHECKPOINT = {
 
 
 def load_conftest() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("glm5next_conftest", CONFTEST)
+    spec = importlib.util.spec_from_file_location(
+        "glm5next_conftest", model_tests() / "conftest.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -78,19 +90,64 @@ def write_model_dir(
     return path
 
 
-def create_vllm_config(model_dir: Path, args: argparse.Namespace) -> Any:
-    from vllm.engine.arg_utils import EngineArgs
+def stub_nvfp4_kernels(mp: Any, conftest: ModuleType) -> None:
+    """Stub the GPU kernel choice of NVIDIA's NVFP4 checkpoint method, which
+    the model tests do not use: its linear kernel (as the tests stub the
+    others) and its MoE backend (the emulation path, which builds on CPU)."""
+    import vllm.model_executor.layers.quantization.modelopt as modelopt
+    from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import NvFp4MoeBackend
 
-    return EngineArgs(
-        model=str(model_dir),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        quantization=args.quantization,
-        quantization_config=args.quantization_config,
+    mp.setattr(
+        modelopt,
+        "init_nvfp4_linear_kernel",
+        lambda *a, **k: conftest._NoGpuLinearKernel(),
+    )
+    mp.setattr(
+        modelopt,
+        "select_nvfp4_moe_backend",
+        lambda **kwargs: (NvFp4MoeBackend.EMULATION, None),
+    )
+
+
+def create_vllm_config(
+    conftest: ModuleType, model_dir: Path, args: argparse.Namespace
+) -> Any:
+    """The engine config of serving `model_dir` with MTP, made by the model
+    tests' own factory (which knows the CPU platform's quirks per base)."""
+    return conftest.create_vllm_config(
+        model_dir,
+        args.quantization,
+        args.quantization_config,
         speculative_config={"method": "mtp", "num_speculative_tokens": 1},
-        enforce_eager=True,
-        enable_prefix_caching=False,
-    ).create_engine_config()
+    )
+
+
+@contextlib.contextmanager
+def single_process_distributed(vllm_config: Any) -> Iterator[None]:
+    """A one-rank gloo process group (TP = PP = 1) for building the model."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import (
+        cleanup_dist_env_and_memory,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+
+    handle, store = tempfile.mkstemp(prefix="patchset-dist-")
+    os.close(handle)
+    try:
+        with set_current_vllm_config(vllm_config):
+            init_distributed_environment(
+                world_size=1,
+                rank=0,
+                local_rank=0,
+                backend="gloo",
+                distributed_init_method=f"file://{store}",
+            )
+            initialize_model_parallel(1, 1)
+        yield
+    finally:
+        cleanup_dist_env_and_memory()
+        Path(store).unlink(missing_ok=True)
 
 
 def online_config(vllm_config: Any) -> Any:
@@ -171,9 +228,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     quant = checkpoints(conftest)[args.checkpoint]
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
         conftest.stub_gpu_only_parts(mp)
+        stub_nvfp4_kernels(mp, conftest)
         model_dir = write_model_dir(conftest, args.config, quant, Path(tmp) / "model")
-        vllm_config = create_vllm_config(model_dir, args)
-        with conftest.single_process_distributed(vllm_config):
+        vllm_config = create_vllm_config(conftest, model_dir, args)
+        with single_process_distributed(vllm_config):
             target, draft = build_models(vllm_config)
     layers = vllm_config.model_config.hf_text_config.num_hidden_layers
     online = online_config(vllm_config)
@@ -203,9 +261,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 def format_report(report: dict[str, Any], seconds: float) -> str:
     lines = [
         f"GLM-5.3-Flash online-quantization coverage (tree: {report['tree']})",
-        f"config {report['config']}, checkpoint {report['checkpoint']}, "
-        f"--quantization {report['quantization']}, "
-        f"--quantization-config {json.dumps(report['quantization_config'])}",
+        (
+            f"config {report['config']}, checkpoint {report['checkpoint']}, "
+            f"--quantization {report['quantization']}, "
+            f"--quantization-config {json.dumps(report['quantization_config'])}"
+        ),
     ]
     for part, title in (("target", "layers 0-44"), ("mtp", "MTP draft (layer 45)")):
         lines.append(f"{title}:")

@@ -1,11 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The managed environment: a venv with vllm==0.33.0 and the test tools.
+"""The managed environments: one venv per base, made with uv.
 
-The venv lives in the shared cache, keyed by a hash of the interpreter
-version and `ci/requirements/vllm.txt`, so every clone on a machine reuses
-one 9 GB install. The light tool pins (`tools.txt`) are synced into it and
-recorded by their own hash, so bumping a linter does not reinstall vLLM.
+Each base's venv lives in the shared cache, keyed by the interpreter
+version and the base's own requirements (`ci/requirements/<version>/`), so
+the bases never share a venv and every clone on a machine reuses one
+install. uv itself is pinned in `ci/requirements/uv.txt` and installed
+with pip into a small venv of its own. uv's cache makes the second base
+cheap: torch and the other shared wheels are linked, not downloaded again.
+The light tool pins (`tools.txt`) are synced into each venv and recorded by
+their own hash, so bumping a linter does not reinstall vLLM. Index
+configuration is pip's and uv's own; nothing here names a registry.
 """
 
 import contextlib
@@ -19,18 +24,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import paths
+from .bases import Base
 from .errors import PatchsetError
 
 COMPLETE = ".patchset-complete"
 FREE_GIB_NEEDED = 14
 FAILURE_HINTS = [
     ("No space left on device", "the disk filled up during the install"),
-    ("No matching distribution", "the package registry does not offer a pin"),
-    ("Could not find a version", "the package registry does not offer a pin"),
-    ("Network is unreachable", "no package registry can be reached"),
-    ("Failed to establish a new connection", "no package registry can be reached"),
-    ("Temporary failure in name resolution", "no package registry can be reached"),
-    ("ReadTimeoutError", "the package registry timed out"),
+    ("No solution found", "the package index does not offer a pinned version"),
+    ("No matching distribution", "the package index does not offer a pin"),
+    ("Could not find a version", "the package index does not offer a pin"),
+    ("Network is unreachable", "no package index can be reached"),
+    ("Failed to establish a new connection", "no package index can be reached"),
+    ("dns error", "no package index can be reached"),
+    ("Temporary failure in name resolution", "no package index can be reached"),
+    ("timed out", "the package index timed out"),
 ]
 
 
@@ -42,29 +50,38 @@ def python_tag() -> str:
     return f"python{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def env_dir() -> Path:
-    """The venv directory for the current requirements and interpreter."""
-    vllm_req = (paths.REQUIREMENTS / "vllm.txt").read_bytes()
-    return (
-        paths.cache_root() / "envs" / f"vllm-{_digest(python_tag().encode(), vllm_req)}"
+def _requirement_files(base: Base) -> list[Path]:
+    """The base's requirements and, when present, its overrides."""
+    files = [base.requirements / "vllm.txt"]
+    overrides = base.requirements / "overrides.txt"
+    if not files[0].is_file():
+        raise PatchsetError(f"{files[0]}: missing; base {base.version} has no pins")
+    return files + [overrides] * overrides.is_file()
+
+
+def env_dir(base: Base) -> Path:
+    """The venv directory for `base`'s requirements and this interpreter."""
+    key = _digest(
+        python_tag().encode(), *(f.read_bytes() for f in _requirement_files(base))
     )
+    return paths.cache_root() / "envs" / f"vllm-{base.version}-{key}"
 
 
 def tools_stamp() -> str:
     return "tools-" + _digest((paths.REQUIREMENTS / "tools.txt").read_bytes())
 
 
-def env_python(require: bool = True) -> Path | None:
-    """The managed python, if the environment is complete."""
-    env = env_dir()
+def env_python(base: Base, require: bool = True) -> Path | None:
+    """The managed python of `base`, if its environment is complete."""
+    env = env_dir(base)
     python = env / "bin" / "python"
     ready = (env / COMPLETE).is_file() and (env / tools_stamp()).is_file()
     if ready and python.exists():
         return python
     if require:
         raise PatchsetError(
-            f"no managed environment at {env} (or it is incomplete); "
-            "run `scripts/patchset setup`"
+            f"no managed environment for vLLM {base.version} at {env} (or it "
+            f"is incomplete); run `scripts/patchset setup --base {base.version}`"
         )
     return None
 
@@ -100,19 +117,8 @@ def _check_disk(where: Path) -> None:
         )
 
 
-def _pip_install(python: Path, requirements: Path) -> None:
-    """Run pip, echoing its progress lines; explain a failure."""
-    command = [
-        str(python),
-        "-m",
-        "pip",
-        "install",
-        "--progress-bar",
-        "off",
-        "--disable-pip-version-check",
-        "-r",
-        str(requirements),
-    ]
+def _install(command: list[str], what: str, base: Base | None) -> None:
+    """Run an installer, echoing its progress lines; explain a failure."""
     start = time.monotonic()
     tail: list[str] = []
     with subprocess.Popen(
@@ -121,9 +127,9 @@ def _pip_install(python: Path, requirements: Path) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             tail = (tail + [line.rstrip()])[-40:]
-            if line.startswith(
-                ("Collecting", "Downloading", "Installing", "Successfully", "ERROR")
-            ):
+            if line.lstrip().startswith(
+                ("Collecting", "Successfully", "Resolved", "Prepared", "Installed")
+            ) or line.startswith(("ERROR", "error", "Downloading")):
                 print(
                     f"  [{time.monotonic() - start:5.0f}s] {line.rstrip()[:110]}",
                     flush=True,
@@ -131,34 +137,85 @@ def _pip_install(python: Path, requirements: Path) -> None:
     if proc.returncode:
         text = "\n".join(tail)
         reason = next(
-            (why for needle, why in FAILURE_HINTS if needle in text), "pip failed"
+            (why for needle, why in FAILURE_HINTS if needle in text), "it failed"
         )
+        again = f" --base {base.version}" if base else ""
         raise PatchsetError(
-            f"installing {requirements.name} failed: {reason}.\n"
-            f"Last pip output:\n{text}\n"
-            "Fix the cause and run `scripts/patchset setup` again; it resumes "
-            "in the same environment."
+            f"installing {what} failed: {reason}.\nLast installer output:\n"
+            f"{text}\nFix the cause (a pin the index lacks can be overridden "
+            "in the base's ci/requirements/<version>/overrides.txt, with the "
+            f"reason) and run `scripts/patchset setup{again}` again; it resumes."
         )
 
 
-def setup() -> Path:
-    """Create or reuse the managed environment; return its python."""
-    env = env_dir()
+def uv_exe() -> Path:
+    """uv, at the version pinned in ci/requirements/uv.txt (installed once)."""
+    pin = paths.REQUIREMENTS / "uv.txt"
+    home = paths.cache_root() / "tools" / f"uv-{_digest(pin.read_bytes())}"
+    uv = home / "bin" / "uv"
+    with _locked(home):
+        if not (home / COMPLETE).is_file():
+            print(f"installing uv ({pin.read_text().strip()}) into {home}", flush=True)
+            subprocess.run([sys.executable, "-m", "venv", str(home)], check=True)
+            _install(
+                [
+                    str(home / "bin" / "python"),
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "-r",
+                    str(pin),
+                ],
+                pin.name,
+                None,
+            )
+            (home / COMPLETE).write_text(pin.read_text())
+    return uv
+
+
+def _uv_pip_install(python: Path, requirements: list[Path], base: Base) -> None:
+    command = [str(uv_exe()), "pip", "install", "--python", str(python)]
+    command += ["-r", str(requirements[0])]
+    for extra in requirements[1:]:
+        flag = "--override" if extra.name == "overrides.txt" else "-r"
+        command += [flag, str(extra)]
+    _install(
+        command, ", ".join(str(r.relative_to(paths.REPO)) for r in requirements), base
+    )
+
+
+def setup(base: Base) -> Path:
+    """Create or reuse `base`'s managed environment; return its python."""
+    env = env_dir(base)
     python = env / "bin" / "python"
     with _locked(env):
         if not (env / COMPLETE).is_file():
             _check_disk(env.parent)
             print(
-                f"setting up the environment in {env} (vllm and torch, ~9 GB)",
+                f"setting up vLLM {base.version}'s environment in {env} "
+                "(vllm and torch, ~9 GB; shared wheels come from uv's cache)",
                 flush=True,
             )
             if not python.exists():
-                subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
-            _pip_install(python, paths.REQUIREMENTS / "vllm.txt")
-            (env / COMPLETE).write_text((paths.REQUIREMENTS / "vllm.txt").read_text())
+                subprocess.run(
+                    [
+                        str(uv_exe()),
+                        "venv",
+                        "--quiet",
+                        "--python",
+                        sys.executable,
+                        str(env),
+                    ],
+                    check=True,
+                )
+            _uv_pip_install(python, _requirement_files(base), base)
+            (env / COMPLETE).write_text(
+                "".join(f.read_text() for f in _requirement_files(base))
+            )
         stamp = env / tools_stamp()
         if not stamp.is_file():
             print("installing the pinned test tools", flush=True)
-            _pip_install(python, paths.REQUIREMENTS / "tools.txt")
+            _uv_pip_install(python, [paths.REQUIREMENTS / "tools.txt"], base)
             stamp.write_text((paths.REQUIREMENTS / "tools.txt").read_text())
     return python

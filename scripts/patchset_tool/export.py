@@ -2,9 +2,11 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`export`: a branch with one commit per patch, and the PR description."""
 
+import subprocess
 from pathlib import Path
 
-from . import apply, gitutil, paths
+from . import apply, gitutil
+from .bases import Base
 from .errors import PatchsetError
 from .series import Patch, load_series
 
@@ -38,20 +40,69 @@ def pr_description(patches: list[Patch]) -> str:
         "",
         "## Test Result",
         "",
-        "The new tests fail on the base commit where the change is claimed "
-        "and pass with the series; see each commit message.",
+        (
+            "The new tests fail on the base commit where the change is claimed "
+            "and pass with the series; see each commit message."
+        ),
         "",
     ]
     return "\n".join(parts)
 
 
-def export(src: Path, branch: str, description: Path) -> int:
-    """Create `branch` at HEAD of `src` with the series on top, without
-    touching the checkout's work tree; write the PR description."""
-    patches = load_series(paths.PATCHES)
+def exporter_identity(src: Path) -> tuple[str, str]:
+    """(name, email) of the person exporting, from git's configuration as
+    seen in `src`; raise saying why when either is missing."""
+    found = []
+    for key in ("user.name", "user.email"):
+        value = gitutil.git("config", "--get", key, cwd=src, check=False).stdout
+        if not value.strip():
+            raise PatchsetError(
+                f"export: git has no {key} configured in {src}; the pull "
+                "request's commits carry your authorship and your "
+                "Signed-off-by (DCO). Set it with `git config --global "
+                f"{key} ...` and run export again"
+            )
+        found.append(value.strip())
+    return found[0], found[1]
+
+
+def _own_the_commits(scratch: Path, base_head: str, name: str, email: str) -> None:
+    """Make the exporter the author of every commit after `base_head` and
+    add their Signed-off-by (the project's own stays in the trailers)."""
+    env = gitutil.outside_repo_env(scratch)
+    env.update(
+        GIT_AUTHOR_NAME=name,
+        GIT_AUTHOR_EMAIL=email,
+        GIT_COMMITTER_NAME=name,
+        GIT_COMMITTER_EMAIL=email,
+    )
+    proc = subprocess.run(
+        [
+            gitutil.git_exe(),
+            "rebase",
+            "--quiet",
+            "--exec",
+            "git commit --quiet --amend --no-edit --reset-author --signoff",
+            base_head,
+        ],
+        cwd=scratch,
+        env=env,
+        text=True,
+        capture_output=True,
+    )
+    if proc.returncode:
+        raise PatchsetError(f"export: could not re-author the commits:\n{proc.stderr}")
+
+
+def export(base: Base, src: Path, branch: str, description: Path) -> int:
+    """Create `branch` at HEAD of `src` with `base`'s series on top, one
+    commit per patch authored and signed off by the person exporting,
+    without touching the checkout's work tree; write the PR description."""
+    patches = load_series(base.patches)
     if not patches:
         raise PatchsetError("export: the series is empty")
-    gitutil.require_clean_checkout(src)
+    head = gitutil.require_clean_checkout(src)
+    name, email = exporter_identity(src)
     exists = gitutil.git(
         "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", cwd=src, check=False
     )
@@ -60,6 +111,7 @@ def export(src: Path, branch: str, description: Path) -> int:
     try:
         with apply.scratch_worktree(src, branch=branch) as scratch:
             gitutil.am_series(scratch, patches)
+            _own_the_commits(scratch, head, name, email)
     except PatchsetError:
         gitutil.git("branch", "-D", branch, cwd=src, check=False)
         raise

@@ -48,6 +48,18 @@ def outside_repo_env(directory: Path) -> dict[str, str]:
     return env
 
 
+def committer_env(src: Path) -> dict[str, str] | None:
+    """None where git knows who commits in `src`; otherwise an environment
+    naming the tool as committer (each patch keeps its own author)."""
+    if git("config", "user.email", cwd=src, check=False).stdout.strip():
+        return None
+    return {
+        **os.environ,
+        "GIT_COMMITTER_NAME": "patchset",
+        "GIT_COMMITTER_EMAIL": "patchset@localhost",
+    }
+
+
 def explain_failure(patch: Patch, output: str) -> str:
     """Name the file and hunk at which `patch` failed, from git's output."""
     if match := FAILED_AT.search(output):
@@ -131,7 +143,16 @@ def am_series(src: Path, patches: list[Patch]) -> None:
     refuse_applied(src, patches)
     head = git("rev-parse", "HEAD", cwd=src).stdout.strip()
     files = [str(p.path) for p in patches]
-    proc = git("am", "-3", "--keep-non-patch", "--quiet", *files, cwd=src, check=False)
+    proc = git(
+        "am",
+        "-3",
+        "--keep-non-patch",
+        "--quiet",
+        *files,
+        cwd=src,
+        check=False,
+        env=committer_env(src),
+    )
     if proc.returncode == 0:
         return
     output = proc.stdout + proc.stderr

@@ -1,15 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Lint the overlay, the tests and the tool the way vLLM v0.33.0 lints.
+"""Lint the overlays, the tests and the tool the way vLLM lints.
 
 Checks, each run with the given Python's own tools:
 
 * `ruff check` and `ruff format --diff` over vllm_overlay/, tests/, scripts/;
 * mypy for Python 3.11, in groups as upstream's tools/pre_commit/mypy.py:
-  the overlay's files inside the patched tree (a full copy of the `vllm`
-  package, so their imports resolve to the patched code) at the configured
-  `follow_imports = "silent"`, tests/ with `--follow-imports skip` (upstream's
-  setting for tests/ and tests/models/), scripts/ at the configured setting;
+  each base's overlay inside that base's patched tree (a full copy of the
+  `vllm` package, so imports resolve to the patched code): its vllm/ files at
+  the configured `follow_imports = "silent"`, its tests with
+  `--follow-imports skip` (upstream's setting for tests/models/); scripts/
+  and the tool's tests at the configured setting;
   for the overlay, site-packages are not searched, as in upstream's isolated
   hook environment (which has mypy, pydantic and type stubs, not torch);
 * typos (the binary that the `typos` PyPI package puts next to python);
@@ -19,7 +20,7 @@ Checks, each run with the given Python's own tools:
 
 Settings come from the repository's pyproject.toml.
 
-Usage: python -m patchset_tool.lint [--python PY] [--tree DIR]
+Usage: python -m patchset_tool.lint [--python PY]
        [--new-file PATH ...] [--only CHECK ...] [FILE ...]
 """
 
@@ -32,6 +33,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .bases import load_bases
+
 SPDX_HEADER = (
     "# SPDX-License-Identifier: Apache-2.0",
     "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project",
@@ -39,8 +42,6 @@ SPDX_HEADER = (
 LINT_DIRS = ("vllm_overlay", "tests", "scripts")
 PYTHON_VERSION = "3.11"
 CHECKS = ("ruff check", "ruff format", "mypy", "typos", "spdx")
-# As paths.BUILD_ENV_VAR: where the patched tree is built.
-BUILD_ENV_VAR = "GLM5NEXT_PATCHSET_BUILD"
 
 Result = tuple[str, bool, str]
 
@@ -134,15 +135,19 @@ def _typos(repo: Path, python: str, targets: list[str]) -> Result:
             return (
                 "typos",
                 False,
-                f"no typos binary next to {python} or "
-                "on PATH; install the pinned `typos` package",
+                (
+                    f"no typos binary next to {python} or "
+                    "on PATH; install the pinned `typos` package"
+                ),
             )
         binary = Path(found)
     ok, output = _run([str(binary), "--force-exclude", *targets], repo)
     return "typos", ok, output
 
 
-def _mypy(repo: Path, python: str, tree: Path, require_tree: bool) -> Result:
+def _mypy(
+    repo: Path, python: str, overlays: list[tuple[Path, Path]], require_tree: bool
+) -> Result:
     base = [
         python,
         "-m",
@@ -157,25 +162,33 @@ def _mypy(repo: Path, python: str, tree: Path, require_tree: bool) -> Result:
     outputs: list[str] = []
     ok = True
 
-    overlay = repo / "vllm_overlay"
-    files = [p.relative_to(overlay).as_posix() for p in _python_files(overlay)]
-    if files:
+    for overlay, tree in overlays:
+        files = [p.relative_to(overlay).as_posix() for p in _python_files(overlay)]
         missing = [f for f in files if not (tree / f).is_file()]
+        if not files:
+            continue
         if not tree.is_dir() and not require_tree:
-            outputs.append(f"skipped the overlay: no patched tree at {tree}")
+            outputs.append(f"skipped {overlay}: no patched tree at {tree}")
         elif missing:
             ok = False
             outputs.append(
                 f"patched tree {tree} lacks {', '.join(missing)}; "
-                "apply the series first (scripts/patchset apply)"
+                "apply the series first (scripts/patchset apply --base ...)"
             )
         else:
             # Upstream's hook runs mypy in pre-commit's own environment,
             # without vLLM's dependencies; not searching site-packages does
             # the same (and avoids broken stubs there, such as opencv's).
-            good, text = _run([*base, "--no-site-packages", *files], tree)
-            ok &= good
-            outputs.append(text)
+            # The series' tests are checked as upstream checks tests/.
+            code = [f for f in files if f.startswith("vllm/")]
+            tests = [f for f in files if not f.startswith("vllm/")]
+            for group, extra in ((code, []), (tests, ["--follow-imports", "skip"])):
+                if group:
+                    good, text = _run(
+                        [*base, "--no-site-packages", *extra, *group], tree
+                    )
+                    ok &= good
+                    outputs.append(text)
 
     scripts = repo / "scripts"
     if scripts.is_dir():
@@ -198,8 +211,9 @@ def _mypy(repo: Path, python: str, tree: Path, require_tree: bool) -> Result:
 
     if _python_files(repo / "tests"):
         good, text = _run(
-            [*base, "--follow-imports", "skip", "--explicit-package-bases", "tests"],
+            [*base, "--explicit-package-bases", "tests"],
             repo,
+            {**os.environ, "MYPYPATH": str(scripts)},
         )
         ok &= good
         outputs.append(text)
@@ -210,7 +224,7 @@ def run_lint(
     repo: Path,
     python: str,
     new_files: list[Path] | None = None,
-    tree: Path | None = None,
+    overlays: list[tuple[Path, Path]] | None = None,
     only: list[str] | None = None,
     spdx_files: list[Path] | None = None,
     require_tree: bool = True,
@@ -220,18 +234,16 @@ def run_lint(
 
     `new_files` are overlay files that the series adds (every overlay file
     is checked for the SPDX header anyway; listing them changes nothing but
-    keeps the call explicit). `tree` is the patched copy of the vllm
-    package's parent directory (default: vllm-patched in
-    $GLM5NEXT_PATCHSET_BUILD, else in build/), where the overlay's files are
-    type-checked; without it mypy fails, unless `require_tree` is false
+    keeps the call explicit). `overlays` pairs each base's overlay
+    with its patched tree (the parent of the patched `vllm` package; default:
+    every declared base's build/<version>/vllm-patched), where that overlay's
+    files are type-checked; without a tree mypy fails, unless `require_tree` is false
     (then the overlay is skipped, as in a pre-commit hook run before
     anything was built). `spdx_files` are more files for the SPDX check.
     """
     repo = repo.resolve()
-    if tree is None:
-        build = os.environ.get(BUILD_ENV_VAR)
-        tree = (Path(build) if build else repo / "build") / "vllm-patched"
-    tree = tree.resolve()
+    if overlays is None:
+        overlays = [(b.overlay, b.patched_tree()) for b in load_bases()]
     targets = _targets(repo)
     wanted = set(only or CHECKS)
     results: list[Result] = []
@@ -254,7 +266,7 @@ def run_lint(
         ok, out = _run([python, "-m", "ruff", "format", "--diff", *targets], repo)
         results.append(("ruff format", ok, out))
     if "mypy" in wanted:
-        results.append(_mypy(repo, python, tree, require_tree))
+        results.append(_mypy(repo, python, overlays, require_tree))
     if "typos" in wanted:
         # typos reads everything (docs, CI files); pyproject excludes patches/
         results.append(_typos(repo, python, ["."]))
@@ -273,12 +285,6 @@ def main(argv: list[str] | None = None) -> int:
         "--python",
         default=sys.executable,
         help="interpreter whose ruff/mypy/typos to use",
-    )
-    parser.add_argument(
-        "--tree",
-        type=Path,
-        default=None,
-        help="patched tree (default: build/vllm-patched)",
     )
     parser.add_argument(
         "--new-file",
@@ -306,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repo,
         args.python,
         args.new_file,
-        args.tree,
+        None,
         args.only,
         args.files,
         require_tree=not args.skip_missing_tree,

@@ -5,14 +5,9 @@
 import os
 from pathlib import Path
 
-VLLM_VERSION = "0.33.0"
-VLLM_COMMIT = "4ba787ec9"
-
 REPO = Path(__file__).resolve().parents[2]
-PATCHES = REPO / "patches"
-SERIES = PATCHES / "series"
-OVERLAY = REPO / "vllm_overlay"
 MODEL_TESTS = Path("tests/models/glm5next")
+"""Where the series' model tests live in vLLM's source tree."""
 REQUIREMENTS = REPO / "ci" / "requirements"
 
 CACHE_ENV_VAR = "GLM5NEXT_PATCHSET_CACHE"
@@ -23,11 +18,6 @@ def build_dir() -> Path:
     """The build directory: `build/` in the clone unless overridden."""
     override = os.environ.get(BUILD_ENV_VAR)
     return Path(override).resolve() if override else REPO / "build"
-
-
-def patched_tree() -> Path:
-    """The directory put first on sys.path to import the patched vLLM."""
-    return build_dir() / "vllm-patched"
 
 
 def cache_root() -> Path:
@@ -50,9 +40,3 @@ def files_under(root: Path) -> list[Path]:
     return sorted(
         p for p in root.rglob("*") if p.is_file() and not CACHE_DIRS & set(p.parts)
     )
-
-
-def copy_of(path: str) -> Path:
-    """This project's copy of a file the series changes: vllm/ files live in
-    the overlay, the tests at their own path."""
-    return (OVERLAY if path.startswith("vllm/") else REPO) / path

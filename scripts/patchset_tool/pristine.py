@@ -8,7 +8,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import paths
+from .bases import Base
 from .errors import PatchsetError
 
 
@@ -45,7 +45,7 @@ class Install:
             elif file_digest(path) != want:
                 problems.append(
                     f"{rel}: differs from the sha256 in RECORD (drifted base "
-                    f"file; reinstall vllm=={paths.VLLM_VERSION})"
+                    f"file; reinstall vllm=={self.version})"
                 )
         if problems:
             raise PatchsetError(
@@ -53,8 +53,8 @@ class Install:
             )
 
 
-def find_install(site: Path) -> Install:
-    """The vllm install in `site`; raise if absent or not the pinned version."""
+def find_install(site: Path, base: Base) -> Install:
+    """The vllm install in `site`; raise if absent or not `base`'s version."""
     dist_infos = sorted(site.glob("vllm-*.dist-info"))
     if not dist_infos:
         raise PatchsetError(f"no vllm installed in {site}")
@@ -64,11 +64,11 @@ def find_install(site: Path) -> Install:
         if line.startswith("Version:"):
             version = line.split(":", 1)[1].strip()
             break
-    if version != paths.VLLM_VERSION:
+    if version != base.version:
         raise PatchsetError(
-            f"{site}: vllm {version or '(unknown)'} is installed, but the "
-            f"series is pinned to vllm=={paths.VLLM_VERSION} (commit "
-            f"{paths.VLLM_COMMIT}); run `scripts/patchset setup`"
+            f"{site}: vllm {version or '(unknown)'} is installed, but this "
+            f"series is for vllm=={base.version} (commit {base.commit}); run "
+            f"`scripts/patchset setup --base {base.version}`"
         )
     record: dict[str, str] = {}
     with open(dist_info / "RECORD", newline="") as handle:

@@ -1,82 +1,181 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""vLLM 0.33.0's own source tree, from its sdist on PyPI, as a git checkout.
+"""vLLM's own source trees, from the releases' sdists, as one git history.
 
 The wheel lacks `tests/`, `tools/` and `.buildkite/`; the sdist has them.
-Made once per machine in the shared cache, it lets the test command prove
-that the series `git am -3`s onto the real tree and passes upstream's own
-pre-commit gates (test tethering, SPDX headers) there.
+The cache holds a git repository whose commits are the sdists of the
+declared bases in release order, each checked against the index's sha256
+and tagged `v<version>`. On it the test command proves that each series
+`git am -3`s onto the real tree and passes upstream's own pre-commit
+gates, `rebase --onto` ports a series from one release to the next with a
+three-way merge, and `worktree` gives a tree to edit.
 """
 
 import hashlib
+import html.parser
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tarfile
 import tempfile
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 from . import gitutil, paths
+from .bases import Base, release_order
 from .errors import PatchsetError
 
-SIMPLE_INDEX = "https://pypi.org/simple/vllm/"
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 IDENTITY = ["-c", "user.name=patchset", "-c", "user.email=patchset@localhost"]
+FIXED_DATE = "2000-01-01T00:00:00+00:00"
 
 
-def source_checkout() -> Path:
-    """The cached git checkout of the 0.33.0 sdist (tag v0.33.0)."""
-    dest = paths.cache_root() / "src" / f"vllm-{paths.VLLM_VERSION}"
-    if (dest / ".git").is_dir():
-        return dest
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = _download_sdist(Path(tmp))
-        with tarfile.open(archive) as tar:
-            tar.extractall(tmp, filter="data")
-        staging = dest.with_name(dest.name + ".staging")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(Path(tmp) / f"vllm-{paths.VLLM_VERSION}"), staging)
-    gitutil.git("init", "--quiet", cwd=staging)
-    # --force: the sdist ships files its .gitignore names (vllm/_version.py)
-    gitutil.git("add", "--all", "--force", cwd=staging)
-    gitutil.git(
-        *IDENTITY,
-        "commit",
-        "--quiet",
-        "-m",
-        f"vLLM {paths.VLLM_VERSION} sdist",
-        cwd=staging,
+def index_url() -> str:
+    """The package index pip is configured to use (PIP_INDEX_URL, pip's
+    config files, else pip's own default), so no registry is named here."""
+    if os.environ.get("PIP_INDEX_URL"):
+        return os.environ["PIP_INDEX_URL"].split()[0]
+    configured = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+        capture_output=True,
+        text=True,
     )
-    gitutil.git("tag", f"v{paths.VLLM_VERSION}", cwd=staging)
-    staging.rename(dest)
-    return dest
+    if configured.returncode == 0 and configured.stdout.strip():
+        return configured.stdout.strip()
+    default = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from pip._internal.models.index import PyPI; print(PyPI.simple_url)",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if default.returncode or not default.stdout.strip():
+        raise PatchsetError(
+            "cannot tell which package index to use: set PIP_INDEX_URL or "
+            "`pip config set global.index-url URL`"
+        )
+    return default.stdout.strip()
 
 
-def _download_sdist(into: Path) -> Path:
-    """Download the sdist from PyPI and check it against PyPI's sha256."""
-    print(f"fetching the vllm=={paths.VLLM_VERSION} sdist from PyPI", flush=True)
-    name = f"vllm-{paths.VLLM_VERSION}.tar.gz"
-    request = urllib.request.Request(SIMPLE_INDEX, headers={"Accept": SIMPLE_JSON})
+class _Links(html.parser.HTMLParser):
+    """The file links of a PEP 503 project page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        href = dict(attrs).get("href")
+        if tag == "a" and href:
+            self.links.append(href)
+
+
+def _sdist_link(version: str) -> tuple[str, str]:
+    """(url, sha256) of vllm-<version>.tar.gz on the configured index."""
+    project = urllib.parse.urljoin(index_url().rstrip("/") + "/", "vllm/")
+    name = f"vllm-{version}.tar.gz"
+    request = urllib.request.Request(
+        project, headers={"Accept": f"{SIMPLE_JSON}, text/html;q=0.1"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        body = response.read().decode()
+        kind = response.headers.get("Content-Type", "")
+    if SIMPLE_JSON in kind:
+        for entry in json.loads(body)["files"]:
+            if entry["filename"] == name:
+                url = urllib.parse.urljoin(project, entry["url"])
+                return url, entry["hashes"]["sha256"]
+    else:
+        parser = _Links()
+        parser.feed(body)
+        for link in parser.links:
+            url, _, fragment = urllib.parse.urljoin(project, link).partition("#")
+            if url.endswith("/" + name) and fragment.startswith("sha256="):
+                return url, fragment.removeprefix("sha256=")
+    raise PatchsetError(
+        f"{project} lists no {name} with a sha256: the index does not serve "
+        "vLLM's sdist for this release; point pip at one that does "
+        "(PIP_INDEX_URL)"
+    )
+
+
+def sdist(version: str) -> Path:
+    """VLLM's sdist for `version`, downloaded once and sha256-checked."""
+    archive = paths.cache_root() / "sdists" / f"vllm-{version}.tar.gz"
+    if archive.is_file():
+        return archive
+    print(f"fetching the vllm=={version} sdist from the package index", flush=True)
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            files = json.load(response)["files"]
-        sdist = next(f for f in files if f["filename"] == name)
-        archive = into / name
-        with urllib.request.urlopen(sdist["url"], timeout=600) as response:
-            archive.write_bytes(response.read())
-    except (OSError, StopIteration, KeyError, ValueError) as exc:
-        raise PatchsetError(f"could not download {name} from PyPI: {exc}") from exc
-    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-    if digest != sdist["hashes"]["sha256"]:
-        raise PatchsetError(f"{archive.name}: sha256 {digest} is not PyPI's")
+        url, want = _sdist_link(version)
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        partial = archive.with_suffix(".part")
+        with urllib.request.urlopen(url, timeout=600) as response:
+            partial.write_bytes(response.read())
+    except OSError as exc:
+        raise PatchsetError(
+            f"could not download vllm-{version}.tar.gz: {exc}; check the "
+            "network and pip's index configuration, then run again"
+        ) from exc
+    got = hashlib.sha256(partial.read_bytes()).hexdigest()
+    if got != want:
+        partial.unlink()
+        raise PatchsetError(
+            f"vllm-{version}.tar.gz: sha256 {got} is not the index's {want}; "
+            "nothing was kept"
+        )
+    partial.rename(archive)
     return archive
 
 
-def scratch_clone(into: Path) -> Path:
-    """A throw-away clone of the cached checkout under `into`."""
+def _commit_release(repo: Path, version: str) -> None:
+    """Replace the tree of `repo` with the `version` sdist and tag it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(sdist(version)) as tar:
+            tar.extractall(tmp, filter="data")
+        gitutil.git("rm", "-r", "--quiet", "--ignore-unmatch", ".", cwd=repo)
+        for entry in (Path(tmp) / f"vllm-{version}").iterdir():
+            shutil.move(str(entry), repo / entry.name)
+    # --force: the sdist ships files its .gitignore names (vllm/_version.py)
+    gitutil.git("add", "--all", "--force", cwd=repo)
+    env = dict(os.environ, GIT_AUTHOR_DATE=FIXED_DATE, GIT_COMMITTER_DATE=FIXED_DATE)
+    gitutil.git(
+        *IDENTITY, "commit", "--quiet", "-m", f"vLLM {version} sdist", cwd=repo, env=env
+    )
+    gitutil.git("tag", f"v{version}", cwd=repo)
+
+
+def release_history() -> Path:
+    """The cached git history of the declared releases, oldest first, one
+    commit per sdist, tagged `v<version>`; built once from the cached sdists
+    for each set of declared bases."""
+    versions = [b.version for b in release_order()]
+    # Keyed by the releases it holds, so that clones declaring other bases
+    # (a branch adding one, say) keep their own history beside this one.
+    repo = paths.cache_root() / "src" / ("vllm-history-" + "-".join(versions))
+    if (repo / ".git").is_dir():
+        return repo
+    staging = repo.with_name(repo.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    gitutil.git("init", "--quiet", "-b", "releases", cwd=staging)
+    for version in versions:
+        _commit_release(staging, version)
+    shutil.rmtree(repo, ignore_errors=True)
+    staging.rename(repo)
+    return repo
+
+
+def scratch_clone(into: Path, base: Base) -> Path:
+    """A throw-away clone of the release history under `into`, checked out
+    (detached) at `base`'s tag."""
     clone = into / "vllm"
     gitutil.git(
-        "clone", "--quiet", "--shared", str(source_checkout()), str(clone), cwd=into
+        "clone", "--quiet", "--shared", str(release_history()), str(clone), cwd=into
     )
+    gitutil.git("checkout", "--quiet", "--detach", base.tag, cwd=clone)
     return clone

@@ -1,21 +1,31 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The developer loop, as in quilt: a git work tree and `refresh N`.
+"""The developer loop, as in quilt: a git work tree, `refresh N`, and
+`rebase --onto VERSION` to port the series to another release.
 
-`worktree` makes a git clone of vLLM 0.33.0's source (its sdist, with
-tests/, tools/ and .buildkite/), tagged `patchset-base` after proving the
-files the series touches equal the installed wheel's RECORD, and applies
-the series on top, one commit per patch.
+`worktree` makes a git clone of the release history (the sdists, with
+tests/, tools/ and .buildkite/) at the base's tag, tagged `patchset-base`
+after proving the files the series touches equal the installed wheel's
+RECORD, and applies the base's series on top, one commit per patch.
+
 `refresh N` folds the uncommitted edits into commit N, regenerates patch N
 and every later patch (their context may move) keeping each header, and
-copies the result into vllm_overlay/ and tests/models/glm5next/.
+copies the result into the base's overlay.
+
+`rebase --onto` applies the series of an older base at its own tag and
+three-way merges each commit onto the new base's tag, as `git rebase`
+does. A conflict stops in the work tree, naming the patch, file and
+hunks; once the maintainer resolves it and finishes the rebase, `refresh`
+writes the new base's series and overlay.
 """
 
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from . import apply, check, gitutil, paths, upstream
+from .bases import Base
 from .errors import PatchsetError
 from .gitutil import git
 from .pristine import file_digest
@@ -25,44 +35,150 @@ BASE_TAG = "patchset-base"
 IDENTITY = ["-c", "user.name=patchset", "-c", "user.email=patchset@localhost"]
 
 
-def default_worktree() -> Path:
-    return paths.build_dir() / "work"
+def default_worktree(base: Base) -> Path:
+    return base.build_dir() / "work"
 
 
-def create(dest: Path) -> int:
-    """Create the work tree at `dest`: a clone of vLLM 0.33.0's source whose
-    files touched by the series are proven equal to the installed wheel's
-    RECORD; return the number of patches applied on top."""
+def _clone_release(dest: Path, base: Base) -> Path:
+    """A staging clone of the release history on a branch at `base`'s
+    tag, tagged `patchset-base`; the caller renames it to `dest`."""
     if dest.exists():
         raise PatchsetError(f"{dest} exists; remove it or pass another --dest")
-    install = apply.default_install()
-    patches = load_series(paths.PATCHES)
-    base_files = apply.check_base(install, patches)
     staging = dest.with_name(f".{dest.name}.staging")
     shutil.rmtree(staging, ignore_errors=True)
     staging.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        git(
-            "clone",
-            "--quiet",
-            str(upstream.source_checkout()),
-            str(staging),
-            cwd=staging.parent,
+    git(
+        "clone",
+        "--quiet",
+        str(upstream.release_history()),
+        str(staging),
+        cwd=staging.parent,
+    )
+    git("checkout", "--quiet", "-b", f"glm5next-{base.version}", base.tag, cwd=staging)
+    git("tag", BASE_TAG, cwd=staging)
+    return staging
+
+
+def _prove_source_is_the_wheel(work: Path, base: Base, patches: list[Patch]) -> None:
+    """The sdist's copies of the files the series touches must equal the
+    installed wheel's (RECORD), so that patches made here apply there."""
+    install = apply.default_install(base)
+    base_files = apply.check_base(install, patches)
+    drifted = [f for f in base_files if file_digest(work / f) != install.record.get(f)]
+    if drifted:
+        raise PatchsetError(
+            f"the vLLM {base.version} source differs from the installed "
+            f"wheel in: {drifted}"
         )
-        drifted = [
-            f for f in base_files if file_digest(staging / f) != install.record.get(f)
-        ]
-        if drifted:
-            raise PatchsetError(
-                f"the vLLM {paths.VLLM_VERSION} source differs "
-                f"from the installed wheel in: {drifted}"
-            )
-        git("tag", BASE_TAG, cwd=staging)
+
+
+def create(dest: Path, base: Base) -> int:
+    """Create `base`'s work tree at `dest`: its release source, with the
+    files the series touches proven equal to the installed wheel's RECORD,
+    and one commit per patch on top; return the number of patches."""
+    patches = load_series(base.patches)
+    staging = _clone_release(dest, base)
+    try:
+        _prove_source_is_the_wheel(staging, base, patches)
         gitutil.am_series(staging, patches)
         staging.rename(dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return len(patches)
+
+
+def rebase(source: Base, onto: Base, dest: Path) -> list[str]:
+    """Port `source`'s series to `onto`'s release in a new work tree at
+    `dest`: apply it at `source`'s tag, then three-way merge each commit
+    onto `onto`'s tag. Return the subjects now on the new base; on a
+    conflict, leave the rebase stopped in `dest` and raise naming the
+    patch, the files and their conflicting hunks."""
+    patches = load_series(source.patches)
+    if onto.series_file.exists():
+        raise PatchsetError(
+            f"{onto.series_file} exists: vLLM {onto.version} already has a "
+            f"series; edit it with `worktree --base {onto.version}` instead"
+        )
+    branch = f"glm5next-{onto.version}"
+    staging = _clone_release(dest, onto)
+    try:
+        git("checkout", "--quiet", "--detach", source.tag, cwd=staging)
+        gitutil.am_series(staging, patches)
+        git("branch", "--force", branch, "HEAD", cwd=staging)
+        git("checkout", "--quiet", branch, cwd=staging)
+        staging.rename(dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    proc = git(
+        *IDENTITY, "rebase", "--onto", onto.tag, source.tag, cwd=dest, check=False
+    )
+    if proc.returncode:
+        raise PatchsetError(
+            _rebase_conflict(dest, patches, proc.stdout + proc.stderr, onto)
+        )
+    return [p.subject for p in patches]
+
+
+def _rebase_conflict(work: Path, patches: list[Patch], output: str, onto: Base) -> str:
+    """Which patch stopped the rebase, and its conflicting files and hunks."""
+    subject = git("log", "-1", "--format=%s", "REBASE_HEAD", cwd=work, check=False)
+    stopped = next(
+        (p.name for p in patches if p.subject == subject.stdout.strip()), "a patch"
+    )
+    files = git("diff", "--name-only", "--diff-filter=U", cwd=work).stdout.split()
+    where = []
+    for path in files:
+        lines = (work / path).read_text(errors="replace").splitlines()
+        starts = [n for n, line in enumerate(lines, 1) if line.startswith("<<<<<<<")]
+        where.append(
+            f"{path}: {len(starts)} conflicting hunk(s), at line(s) "
+            + ", ".join(map(str, starts))
+        )
+    return (
+        f"{stopped} does not merge onto vLLM {onto.version}:\n  "
+        + "\n  ".join(where or [output.strip()])
+        + f"\nThe rebase is stopped in {work}. Resolve the conflicts there, "
+        "`git add` the files and run `git rebase --continue`; then "
+        f"`scripts/patchset refresh 1 --base {onto.version}` writes the series."
+    )
+
+
+def write_new_series(work: Path, base: Base) -> list[str]:
+    """Write every commit after `patchset-base` in `work` as `base`'s
+    series (patches, `series` file and overlay); return the patch names."""
+    if (work / ".git" / "rebase-merge").exists() or (
+        work / ".git" / "rebase-apply"
+    ).exists():
+        raise PatchsetError(
+            f"{work}: a rebase is still in progress; resolve it and run "
+            "`git rebase --continue` first"
+        )
+    if git("status", "--porcelain", "--untracked-files=no", cwd=work).stdout.strip():
+        raise PatchsetError(
+            f"{work}: commit or amend the edits into the port's commits first "
+            "(the new series is written from commits alone)"
+        )
+    base.patches.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".series-", dir=base.patches))
+    try:
+        made = git(
+            "format-patch",
+            "--full-index",
+            "-o",
+            str(staging),
+            f"{BASE_TAG}..HEAD",
+            cwd=work,
+        ).stdout.split()
+        names = [Path(m).name for m in made]
+        for name in names:
+            (staging / name).rename(base.patches / name)
+        # The series file last: until it exists, the base has no series.
+        (staging / "series").write_text("".join(n + "\n" for n in names))
+        (staging / "series").rename(base.series_file)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    _update_copies(work, load_series(base.patches), base)
+    return names
 
 
 def series_commits(work: Path, patches: list[Patch], new: int = 0) -> list[str]:
@@ -124,13 +240,15 @@ def _splice(old: Patch, fresh: str) -> str:
     return header + fresh[fresh.index("\n---\n") + 1 :]
 
 
-def refresh(number: int, work: Path) -> list[str]:
+def refresh(number: int, work: Path, base: Base) -> list[str]:
     """Regenerate patch `number` (1-based) and later ones from `work`;
     return the names of the patch files that changed."""
-    patches = load_series(paths.PATCHES)
-    _refuse_unrefreshed_copies(work, patches)
+    if not base.series_file.exists():
+        return write_new_series(work, base)
+    patches = load_series(base.patches)
+    _refuse_unrefreshed_copies(work, patches, base)
     if number == len(patches) + 1:
-        return [add_patch(work, patches)]
+        return [add_patch(work, patches, base)]
     if not 1 <= number <= len(patches):
         raise PatchsetError(f"refresh: no patch {number} (series has {len(patches)})")
     commits = series_commits(work, patches)
@@ -146,18 +264,18 @@ def refresh(number: int, work: Path) -> list[str]:
         if text != patch.path.read_text():
             patch.path.write_text(text)
             changed.append(patch.name)
-    _update_copies(work, load_series(paths.PATCHES))
+    _update_copies(work, load_series(base.patches), base)
     return changed
 
 
-def _refuse_unrefreshed_copies(work: Path, patches: list[Patch]) -> None:
+def _refuse_unrefreshed_copies(work: Path, patches: list[Patch], base: Base) -> None:
     """Refresh overwrites vllm_overlay/ and the model tests from the work
     tree; refuse while either holds edits that neither the series nor the
     work tree has."""
     _, last = check.file_chain(patches)
     edited = []
     for path, blob in last.items():
-        copy = paths.copy_of(path)
+        copy = base.copy_of(path)
         if not copy.is_file():
             continue
         data = copy.read_bytes()
@@ -172,7 +290,7 @@ def _refuse_unrefreshed_copies(work: Path, patches: list[Patch]) -> None:
         )
 
 
-def add_patch(work: Path, patches: list[Patch]) -> str:
+def add_patch(work: Path, patches: list[Patch], base: Base) -> str:
     """Turn the one commit after the series in `work` (with any uncommitted
     edits folded in) into the next patch of the series."""
     series_commits(work, patches, new=1)
@@ -186,30 +304,30 @@ def add_patch(work: Path, patches: list[Patch]) -> str:
         "--start-number",
         str(number),
         "-o",
-        str(paths.PATCHES),
+        str(base.patches),
         "-1",
         "HEAD",
         cwd=work,
     ).stdout.strip()
     name = Path(made).name
-    with open(paths.SERIES, "a") as series:
+    with open(base.series_file, "a") as series:
         series.write(name + "\n")
-    _update_copies(work, load_series(paths.PATCHES))
+    _update_copies(work, load_series(base.patches), base)
     return name
 
 
-def _update_copies(work: Path, patches: list[Patch]) -> None:
-    """Make vllm_overlay/ and the model tests equal the work tree's result."""
+def _update_copies(work: Path, patches: list[Patch], base: Base) -> None:
+    """Make `base`'s overlay equal the work tree's result."""
     touched = apply.touched_files(patches)
     for path in touched:
-        source, target = work / path, paths.copy_of(path)
+        source, target = work / path, base.copy_of(path)
         if source.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, target)
         elif target.exists():
             target.unlink()
-    for stale in paths.files_under(paths.OVERLAY):
-        rel = stale.relative_to(paths.OVERLAY).as_posix()
+    for stale in paths.files_under(base.overlay):
+        rel = stale.relative_to(base.overlay).as_posix()
         if rel not in touched:
             print(
                 f"note: {stale} is in no patch; left in place for you to "

@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Fixtures for the tool's own tests: a throw-away copy of this project,
-a real copy of the pristine vllm package, and real patches made with git."""
+"""Fixtures for the tool's tests: a throw-away copy of this project that
+declares one base (the vLLM release installed in the primary base's managed
+environment), a real copy of that pristine vllm package, and real patches
+made with git."""
 
 import os
 import shutil
@@ -15,16 +17,38 @@ REPO = Path(__file__).resolve().parents[2]
 # The tool's package lives in scripts/; make `import patchset_tool` work.
 sys.path.insert(0, str(REPO / "scripts"))
 
-from projectkit import Project, two_patches, write_series  # noqa: E402
+from projectkit import (  # noqa: E402
+    Project,
+    build_history,
+    two_patches,
+    write_series,
+)
 
-from patchset_tool import envmgr  # noqa: E402
+from patchset_tool import bases, envmgr, paths  # noqa: E402
+from patchset_tool.pristine import find_install  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def pristine_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def primary_base() -> bases.Base:
+    """This repository's primary base, as bases.toml declares it."""
+    return bases.get_base()
+
+
+@pytest.fixture(scope="session")
+def installed_version(primary_base: bases.Base) -> str:
+    """The vLLM version installed in the primary base's environment."""
+    python = envmgr.env_python(primary_base)
+    assert python is not None
+    return find_install(envmgr.site_packages(python), primary_base).version
+
+
+@pytest.fixture(scope="session")
+def pristine_site(
+    tmp_path_factory: pytest.TempPathFactory, primary_base: bases.Base
+) -> Path:
     """A real copy of the installed vllm package and its dist-info, so that
     tests may damage it; extensions are symlinked as in build/."""
-    python = envmgr.env_python()
+    python = envmgr.env_python(primary_base)
     assert python is not None
     real = envmgr.site_packages(python)
     site = tmp_path_factory.mktemp("site")
@@ -43,20 +67,63 @@ def pristine_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return site
 
 
+@pytest.fixture(scope="session")
+def release_source(
+    tmp_path_factory: pytest.TempPathFactory,
+    pristine_site: Path,
+    installed_version: str,
+) -> Path:
+    """A release history (as `upstream.release_history()` caches it) with
+    the pristine package's source as the one release, tagged
+    v<installed version>; no sdist is downloaded."""
+    repo = tmp_path_factory.mktemp("history") / "vllm-history"
+    return build_history(repo, [(installed_version, pristine_site)])
+
+
 @pytest.fixture
-def project(tmp_path: Path, pristine_site: Path) -> Project:
+def project(
+    tmp_path: Path,
+    pristine_site: Path,
+    primary_base: bases.Base,
+    installed_version: str,
+) -> Project:
     root = tmp_path / "project"
     shutil.copytree(
         REPO / "scripts", root / "scripts", ignore=shutil.ignore_patterns("__pycache__")
     )
     shutil.copytree(REPO / "ci" / "requirements", root / "ci" / "requirements")
-    (root / "patches").mkdir()
-    (root / "patches" / "series").write_text("")
-    (root / "vllm_overlay").mkdir()
-    (root / "tests" / "models" / "glm5next").mkdir(parents=True)
-    env = {**os.environ, "GLM5NEXT_PATCHSET_SITE": str(pristine_site)}
+    (root / "bases.toml").write_text(
+        "[[base]]\n"
+        f'version = "{installed_version}"\n'
+        f'commit = "{primary_base.commit}"\n'
+        "primary = true\n"
+    )
+    patches = root / "patches" / installed_version
+    patches.mkdir(parents=True)
+    (patches / "series").write_text("")
+    (root / "vllm_overlay" / installed_version).mkdir(parents=True)
+    # A cache of the project's own, so that no test rewrites the shared
+    # release history; the managed environments are the shared ones.
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for shared in ("envs", "tools"):
+        (cache / shared).symlink_to(paths.cache_root() / shared)
+    env = {
+        **os.environ,
+        "GLM5NEXT_PATCHSET_SITE": str(pristine_site),
+        "GLM5NEXT_PATCHSET_CACHE": str(cache),
+    }
     env.pop("GLM5NEXT_PATCHSET_BUILD", None)
-    return Project(root, env)
+    return Project(root, env, installed_version)
+
+
+@pytest.fixture
+def history(project: Project, release_source: Path) -> Path:
+    """The project's cache holds the release history of its one base."""
+    repo = project.cache / "src" / f"vllm-history-{project.version}"
+    repo.parent.mkdir()
+    repo.symlink_to(release_source)
+    return repo
 
 
 @pytest.fixture

@@ -22,8 +22,9 @@ def tree_digest(root: Path) -> str:
 
 
 def assert_nothing_written(project: Project) -> None:
+    """Nothing under build/ but, at most, the base's empty build/<version>/."""
     build = project.root / "build"
-    leftovers = list(build.iterdir()) if build.exists() else []
+    leftovers = [p for p in build.rglob("*") if p != project.build()]
     assert leftovers == [], leftovers
 
 
@@ -66,7 +67,7 @@ def test_check_mode_writes_nothing(project: Project, series: Path) -> None:
 
 
 def test_corrupt_patch_is_named(project: Project, series: Path) -> None:
-    patch = sorted((project.root / "patches").glob("0002-*.patch"))[0]
+    patch = sorted(project.patches().glob("0002-*.patch"))[0]
     lines = patch.read_text().splitlines(keepends=True)
     first_hunk = next(i for i, line in enumerate(lines) if line.startswith("@@"))
     del lines[first_hunk + 2]
@@ -99,7 +100,7 @@ def test_half_applied_base_is_refused(
     and __init__.py no longer matches RECORD."""
     init = pristine_site / INIT
     original = init.read_bytes()
-    shutil.copyfile(project.root / "vllm_overlay" / PROBE, pristine_site / PROBE)
+    shutil.copyfile(project.overlay() / PROBE, pristine_site / PROBE)
     init.write_bytes(original + b"# probe: patch 1\n")
     try:
         result = project.patchset("apply")
@@ -142,7 +143,8 @@ def test_interrupted_apply_leaves_no_partial_state(
         assert not project.patched.exists()
     again = project.patchset("apply")
     assert again.returncode == 0, again.stderr
-    assert [p.name for p in (project.root / "build").iterdir()] == ["vllm-patched"]
+    assert [p.name for p in (project.root / "build").iterdir()] == [project.version]
+    assert [p.name for p in project.build().iterdir()] == ["vllm-patched"]
 
 
 def test_wrong_vllm_version_is_refused(
@@ -152,15 +154,17 @@ def test_wrong_vllm_version_is_refused(
     dist = next(pristine_site.glob("vllm-*.dist-info"))
     shutil.copytree(dist, site / "vllm-0.32.1.dist-info")
     metadata = site / "vllm-0.32.1.dist-info" / "METADATA"
+    text = metadata.read_text()
+    assert f"Version: {project.version}\n" in text
     metadata.write_text(
-        metadata.read_text().replace("Version: 0.33.0", "Version: 0.32.1")
+        text.replace(f"Version: {project.version}\n", "Version: 0.32.1\n")
     )
     result = project.patchset(
         "apply", env={**project.env, "GLM5NEXT_PATCHSET_SITE": str(site)}
     )
     assert result.returncode == 1
     assert "vllm 0.32.1 is installed" in result.stderr
-    assert "vllm==0.33.0" in result.stderr
+    assert f"vllm=={project.version}" in result.stderr
     assert_nothing_written(project)
 
 
@@ -198,7 +202,7 @@ def test_missing_git_is_reported(project: Project, series: Path) -> None:
 
 
 def test_series_entry_without_file_is_named(project: Project, series: Path) -> None:
-    with open(project.root / "patches" / "series", "a") as handle:
+    with open(project.series_file(), "a") as handle:
         handle.write("0003-missing.patch\n")
     result = project.patchset("apply")
     assert result.returncode == 1
@@ -207,7 +211,7 @@ def test_series_entry_without_file_is_named(project: Project, series: Path) -> N
 
 
 def test_overlay_that_disagrees_is_named(project: Project, series: Path) -> None:
-    overlay = project.root / "vllm_overlay" / KDA
+    overlay = project.overlay() / KDA
     overlay.write_text(overlay.read_text() + "# edited by hand\n")
     result = project.patchset("apply")
     assert result.returncode == 1
@@ -232,7 +236,7 @@ def test_run_reaches_either_tree(
         "cpu",
     ]
     base = project.patchset(
-        "run", "--base", "--", "python", "-c", "import vllm; print(vllm.__file__)"
+        "run", "--pristine", "--", "python", "-c", "import vllm; print(vllm.__file__)"
     )
     assert base.returncode == 0, base.stderr
     assert "site-packages/vllm/__init__.py" in base.stdout

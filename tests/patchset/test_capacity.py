@@ -12,6 +12,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from projectkit import declared_versions, require_series
 
 REPO = Path(__file__).resolve().parents[2]
 MLA = "MLA rows (target)"
@@ -19,9 +20,10 @@ MTP = "MLA rows (MTP layer 45)"
 
 
 @cache
-def capacity(base: bool) -> dict:
+def capacity(version: str, pristine: bool) -> dict:
     """The JSON report of one tree (each run builds the model twice)."""
-    tree = ["--base"] if base else []
+    require_series(version)
+    tree = ["--base", version] + (["--pristine"] if pristine else [])
     command = [sys.executable, str(REPO / "scripts" / "patchset"), "capacity"]
     result = subprocess.run(
         [*command, *tree, "--", "--json"],
@@ -40,19 +42,20 @@ def cache_row(column: dict, kind: str) -> dict:
     return row
 
 
+@pytest.mark.parametrize("version", declared_versions())
 @pytest.mark.parametrize(
-    "base, fp8_dtype, fp8_backend, fp8_row_bytes, min_ratio, max_ratio",
+    "pristine, fp8_dtype, fp8_backend, fp8_row_bytes, min_ratio, max_ratio",
     [
         (False, "fp8_ds_mla", "FLASHMLA_SPARSE", 656, 1.50, 1024 / 656),
         (True, "fp8", "FLASHINFER_MLA_SPARSE_SM90", 512, 1.90, 2.0),
     ],
-    ids=["patched-fp8-is-fp8_ds_mla-656B", "base-fp8-is-per-tensor-512B"],
+    ids=["patched-fp8-is-fp8_ds_mla-656B", "pristine-fp8-is-per-tensor-512B"],
 )
 def test_capacity_bf16_vs_fp8(
-    base, fp8_dtype, fp8_backend, fp8_row_bytes, min_ratio, max_ratio
+    version, pristine, fp8_dtype, fp8_backend, fp8_row_bytes, min_ratio, max_ratio
 ):
-    report = capacity(base)
-    assert report["tree"] == ("base" if base else "patched")
+    report = capacity(version, pristine)
+    assert report["tree"] == f"{version}-{'pristine' if pristine else 'patched'}"
     assert set(report["columns"]) == {"auto", "fp8"}
     auto, fp8 = report["columns"]["auto"], report["columns"]["fp8"]
     assert fp8["engine_cache_dtype"] == fp8_dtype

@@ -19,8 +19,8 @@ def checkout(series: Path, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def work(project: Project, series: Path, tmp_path: Path) -> Path:
-    """`patchset worktree`: the whole pristine package plus the series."""
+def work(project: Project, series: Path, history: Path, tmp_path: Path) -> Path:
+    """`patchset worktree`: the release's source plus the series."""
     dest = tmp_path / "work"
     result = project.patchset("worktree", "--dest", str(dest))
     assert result.returncode == 0, result.stderr
@@ -50,7 +50,7 @@ def test_checkout_check_mode_leaves_it_alone(project: Project, checkout: Path) -
     before = state(checkout)
     result = project.patchset("apply", "--check", "--vllm-src", str(checkout))
     assert result.returncode == 0, result.stderr
-    assert "would apply 2 patches" in result.stdout
+    assert f"would apply vLLM {project.version}'s 2 patches" in result.stdout
     assert state(checkout) == before
 
 
@@ -90,7 +90,7 @@ def test_dirty_checkout_is_refused(project: Project, checkout: Path) -> None:
 
 
 def test_refresh_regenerates_patch_and_overlay(project: Project, work: Path) -> None:
-    patch = sorted((project.root / "patches").glob("0001-*.patch"))[0]
+    patch = sorted(project.patches().glob("0001-*.patch"))[0]
     header = patch.read_text().split("\n---\n")[0]
     (work / PROBE).write_text((work / PROBE).read_text().replace("42", "43"))
     result = project.patchset("refresh", "1", "--vllm-src", str(work))
@@ -98,7 +98,7 @@ def test_refresh_regenerates_patch_and_overlay(project: Project, work: Path) -> 
     assert patch.name in result.stdout
     assert patch.read_text().split("\n---\n")[0] == header
     assert "+ANSWER = 43" in patch.read_text()
-    assert (project.root / "vllm_overlay" / PROBE).read_text().endswith("ANSWER = 43\n")
+    assert (project.overlay() / PROBE).read_text().endswith("ANSWER = 43\n")
     checked = project.patchset("check")
     assert checked.returncode == 0, checked.stderr
 
@@ -107,14 +107,12 @@ def test_refresh_conflict_keeps_the_edits(project: Project, work: Path) -> None:
     """An edit to patch 1 that a later patch's context depends on."""
     init = work / INIT
     init.write_text(init.read_text().replace("# probe: patch 1\n", "# edited\n"))
-    series_before = [
-        p.read_text() for p in sorted((project.root / "patches").iterdir())
-    ]
+    series_before = [p.read_text() for p in sorted(project.patches().iterdir())]
     result = project.patchset("refresh", "1", "--vllm-src", str(work))
     assert result.returncode == 1
     assert "conflicts with a later patch" in result.stderr
     assert "# edited\n" in init.read_text()
-    assert [p.read_text() for p in sorted((project.root / "patches").iterdir())] == (
+    assert [p.read_text() for p in sorted(project.patches().iterdir())] == (
         series_before
     )
 
@@ -129,8 +127,7 @@ def test_bisect_run_verdicts(
 ) -> None:
     git("reset", "--quiet", "--hard", "patchset-base", cwd=work)
     if case == "test-fails":
-        probe = project.root / "patches"
-        for patch in probe.glob("0001-*.patch"):
+        for patch in project.patches().glob("0001-*.patch"):
             patch.write_text(patch.read_text().replace("ANSWER == 42", "ANSWER == 41"))
     if case == "does-not-apply":
         (work / KDA).write_text("# upstream rewrote this file\n")
@@ -171,7 +168,7 @@ def test_export_makes_a_branch_and_a_description(
 
 
 def test_probe_files_are_in_the_series(project: Project, series: Path) -> None:
-    assert (project.root / PROBE_TEST).is_file()
+    assert (project.overlay() / PROBE_TEST).is_file()
     assert (
         subprocess.run(
             ["git", "-C", str(series), "diff", "--quiet", "base", "HEAD", "--", PROBE],
@@ -185,7 +182,7 @@ def test_refresh_refuses_to_overwrite_edited_copies(
     project: Project, work: Path
 ) -> None:
     """An edit made in vllm_overlay/ instead of the work tree would be lost."""
-    overlay = project.root / "vllm_overlay" / PROBE
+    overlay = project.overlay() / PROBE
     overlay.write_text(overlay.read_text() + "EDITED_IN_OVERLAY = True\n")
     (work / PROBE).write_text((work / PROBE).read_text().replace("42", "43"))
     result = project.patchset("refresh", "1", "--vllm-src", str(work))
@@ -193,3 +190,54 @@ def test_refresh_refuses_to_overwrite_edited_copies(
     assert "edited outside the work tree" in result.stderr
     assert str(overlay) in result.stderr
     assert overlay.read_text().endswith("EDITED_IN_OVERLAY = True\n")
+
+
+def without_git_identity(env: dict[str, str], home: Path) -> dict[str, str]:
+    """`env` with no git configuration but the repository's own: an empty
+    HOME, no system or global file, no identity in the environment."""
+    home.mkdir()
+    env = {**env, "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1"}
+    for name in ("XDG_CONFIG_HOME", "GIT_CONFIG_GLOBAL", "EMAIL"):
+        env.pop(name, None)
+    for who in ("AUTHOR", "COMMITTER"):
+        env.pop(f"GIT_{who}_NAME", None)
+        env.pop(f"GIT_{who}_EMAIL", None)
+    return env
+
+
+def test_export_refuses_without_a_git_identity(
+    project: Project, checkout: Path, tmp_path: Path
+) -> None:
+    env = without_git_identity(project.env, tmp_path / "home")
+    before = state(checkout)
+    result = project.patchset(
+        "export", "--vllm-src", str(checkout), "--branch", "glm5next-series", env=env
+    )
+    assert result.returncode == 1
+    assert "git has no user.name configured" in result.stderr
+    assert "Signed-off-by" in result.stderr
+    assert state(checkout) == before
+    assert "glm5next-series" not in git("branch", "--list", cwd=checkout)
+
+
+def test_export_commits_are_authored_and_signed_off_by_the_exporter(
+    project: Project, checkout: Path, tmp_path: Path
+) -> None:
+    env = without_git_identity(project.env, tmp_path / "home")
+    git("config", "user.name", "Ex Porter", cwd=checkout)
+    git("config", "user.email", "ex@example.com", cwd=checkout)
+    result = project.patchset(
+        "export", "--vllm-src", str(checkout), "--branch", "glm5next-series", env=env
+    )
+    assert result.returncode == 0, result.stderr
+    commits = git("rev-list", "--reverse", "base..glm5next-series", cwd=checkout)
+    assert len(commits.split()) == 2
+    for commit in commits.split():
+        who = git("log", "-1", "--format=%an <%ae>|%cn <%ce>", commit, cwd=checkout)
+        assert who.strip() == "Ex Porter <ex@example.com>|Ex Porter <ex@example.com>"
+        message = git("log", "-1", "--format=%B", commit, cwd=checkout)
+        trailers = [x for x in message.splitlines() if x.startswith("Signed-off-by:")]
+        assert trailers == [
+            "Signed-off-by: Test Author <a@example.com>",
+            "Signed-off-by: Ex Porter <ex@example.com>",
+        ]

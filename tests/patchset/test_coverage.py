@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from projectkit import declared_versions, require_series
 
 REPO = Path(__file__).resolve().parents[2]
+VERSIONS = declared_versions()
 
 LAYERS = "([0-9]|[1-3][0-9]|4[0-4])"
 MLA_LAYERS = "(3|7|11|15|19|23|27|31|35|39|43)"
@@ -30,8 +32,9 @@ NVFP4 = ("--checkpoint", "nvfp4", "--quantization", "modelopt_fp4")
 BLOCK_FP8 = ("--checkpoint", "block-fp8", "--quantization", "fp8")
 
 
-def coverage(*args: str, base: bool = False) -> dict:
-    tree = ["--base"] if base else []
+def coverage(*args: str, version: str, pristine: bool = False) -> dict:
+    require_series(version)
+    tree = ["--base", version] + (["--pristine"] if pristine else [])
     command = [sys.executable, str(REPO / "scripts" / "patchset"), "coverage"]
     result = subprocess.run(
         [*command, *tree, "--", *args, "--json"],
@@ -49,8 +52,9 @@ def targets(regex: str) -> str:
     return json.dumps({"targets": {regex: "mxfp8"}})
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize(
-    "checkpoint, regex, base, expected",
+    "checkpoint, regex, pristine, expected",
     [
         (NVFP4, ALL_196, False, 196),
         (NVFP4, NON_KDA_128, False, 128),
@@ -63,16 +67,23 @@ def targets(regex: str) -> str:
         "nvfp4-non-kda-128",
         "block-fp8-attention-112",
         "block-fp8-mla-44",
-        "base-nvfp4-all-196-gives-84",
+        "pristine-nvfp4-all-196-gives-84",
     ],
 )
-def test_online_quantization_coverage(checkpoint, regex, base, expected):
-    report = coverage(*checkpoint, "--quantization-config", targets(regex), base=base)
-    assert report["tree"] == ("base" if base else "patched")
+def test_online_quantization_coverage(version, checkpoint, regex, pristine, expected):
+    report = coverage(
+        *checkpoint,
+        "--quantization-config",
+        targets(regex),
+        version=version,
+        pristine=pristine,
+    )
+    assert report["tree"] == f"{version}-{'pristine' if pristine else 'patched'}"
     assert report["online_quantized"] == expected
     assert report["mtp_online_quantized"] == 0
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize(
     "args, total",
     [
@@ -81,10 +92,11 @@ def test_online_quantization_coverage(checkpoint, regex, base, expected):
     ],
     ids=["mxfp8-shorthand", "bf16-targets-without-quantization-online"],
 )
-def test_no_attention_projection_without_an_online_request(args, total):
+def test_no_attention_projection_without_an_online_request(version, args, total):
     """The shorthand quantizes MLPs only; a BF16 checkpoint without
-    `--quantization online` ignores the targets, as on 0.33.0."""
-    report = coverage(*args)
+    `--quantization online` ignores the targets, as on the pristine base."""
+    report = coverage(*args, version=version)
+    assert report["tree"] == f"{version}-patched"
     for part in ("target", "mtp"):
         online = report["by_projection"][part]["online"]
         assert [name for name in online if name.startswith("self_attn")] == []

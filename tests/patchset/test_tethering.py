@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 import yaml
+from projectkit import declared_versions, require_series
 
-from patchset_tool import tethering
+from patchset_tool import bases, tethering
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -369,5 +370,22 @@ def test_this_repository_is_tethered() -> None:
         [REPO / "ci" / "test_areas"],
         allowlist if allowlist.exists() else None,
         REPO / "tests",
+    )
+    assert messages == []
+
+
+@pytest.mark.parametrize("version", declared_versions())
+def test_the_model_tests_of_each_base_are_tethered(version: str) -> None:
+    """The test files a base's series adds (in its overlay's tests/) are
+    run by a step of ci/test_areas/, as upstream's checkout would run them."""
+    require_series(version)
+    tests = bases.get_base(version).overlay / "tests"
+    allowlist = REPO / "ci" / "tethering-allowlist.yaml"
+    assert tethering.test_modules(tests), f"{tests}: no test module"
+    messages = tethering.check(
+        tests,
+        [REPO / "ci" / "test_areas"],
+        allowlist if allowlist.exists() else None,
+        tests,
     )
     assert messages == []

@@ -5,11 +5,11 @@ real `VllmConfig` built from it, and the few stubs needed to build the model
 without a GPU."""
 
 import json
-import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -33,7 +33,6 @@ CHECKPOINTS: dict[str, dict[str, Any] | None] = {
 # created; there is none on the CPU platform.
 _KERNEL_SELECTING_MODULES = (
     "vllm.model_executor.layers.quantization.fp8",
-    "vllm.model_executor.layers.quantization.modelopt",
     "vllm.model_executor.layers.quantization.online.fp8",
     "vllm.model_executor.layers.quantization.online.mxfp8",
 )
@@ -56,14 +55,29 @@ def write_model_dir(
     return path
 
 
+@contextmanager
+def _cpu_platform_without_triton() -> Iterator[None]:
+    """Let the CPU platform configure an x86 host without triton-cpu, which only
+    its model runner needs: these tests build layers and run no model."""
+    import vllm.triton_utils
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        yield
+        return
+    with mock.patch.object(vllm.triton_utils, "HAS_TRITON", True):
+        yield
+
+
 def create_vllm_config(
     model_dir: Path,
     quantization: str | None = None,
     quantization_config: dict[str, Any] | None = None,
+    **kwargs: Any,
 ):
     from vllm.engine.arg_utils import EngineArgs
 
-    return EngineArgs(
+    engine_args = EngineArgs(
         model=str(model_dir),
         load_format="dummy",
         skip_tokenizer_init=True,
@@ -72,35 +86,10 @@ def create_vllm_config(
         enforce_eager=True,
         # The CPU platform turns prefix caching off for MLA models.
         enable_prefix_caching=False,
-    ).create_engine_config()
-
-
-@contextmanager
-def single_process_distributed(vllm_config) -> Iterator[None]:
-    """One-rank gloo process group with TP = PP = 1."""
-    from vllm.config import set_current_vllm_config
-    from vllm.distributed import (
-        cleanup_dist_env_and_memory,
-        init_distributed_environment,
-        initialize_model_parallel,
+        **kwargs,
     )
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with set_current_vllm_config(vllm_config):
-        init_distributed_environment(
-            world_size=1,
-            rank=0,
-            local_rank=0,
-            backend="gloo",
-            distributed_init_method=f"tcp://127.0.0.1:{port}",
-        )
-        initialize_model_parallel(1, 1)
-    try:
-        yield
-    finally:
-        cleanup_dist_env_and_memory()
+    with _cpu_platform_without_triton():
+        return engine_args.create_engine_config()
 
 
 class _NoGpuLinearKernel:
@@ -143,21 +132,13 @@ class _NoGpuSparseMLABackend:
 
 def stub_gpu_only_parts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stub what only a GPU provides: the sparse MLA attention backend (built
-    after every projection), GEMM kernel selection for quantized linears and
-    NVFP4 MoE backend selection."""
+    after every projection) and GEMM kernel selection for quantized linears."""
     import importlib
 
     import vllm.model_executor.layers.attention.mla_attention as mla_attention
-    import vllm.model_executor.layers.quantization.modelopt as modelopt
-    from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import NvFp4MoeBackend
 
     monkeypatch.setattr(
         mla_attention, "get_attn_backend", lambda *a, **k: _NoGpuSparseMLABackend
-    )
-    monkeypatch.setattr(
-        modelopt,
-        "select_nvfp4_moe_backend",
-        lambda **kwargs: (NvFp4MoeBackend.EMULATION, None),
     )
     for module_name in _KERNEL_SELECTING_MODULES:
         module = importlib.import_module(module_name)
@@ -185,22 +166,30 @@ def glm5_flash_model_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def make_glm5_flash_vllm_config(tmp_path: Path) -> Callable[..., Any]:
     """Factory: the `VllmConfig` of serving a `CHECKPOINTS` entry with the given
-    `--quantization` and `--quantization-config`."""
+    `--quantization`, `--quantization-config` and other engine arguments."""
 
     def make(
         checkpoint: str,
         quantization: str | None = None,
         quantization_config: dict[str, Any] | None = None,
+        **kwargs: Any,
     ):
         model_dir = write_model_dir(tmp_path / checkpoint, CHECKPOINTS[checkpoint])
-        return create_vllm_config(model_dir, quantization, quantization_config)
+        return create_vllm_config(
+            model_dir, quantization, quantization_config, **kwargs
+        )
 
     return make
 
 
-@pytest.fixture(scope="session")
-def distributed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """A one-rank process group for the whole session."""
-    model_dir = write_model_dir(tmp_path_factory.mktemp("glm-5.3-flash"))
-    with single_process_distributed(create_vllm_config(model_dir)):
-        yield
+@pytest.fixture
+def distributed(
+    request: pytest.FixtureRequest, glm5_flash_model_dir: Path
+) -> Iterator[None]:
+    """Upstream's one-rank `dist_init` process group (TP = PP = 1) for one test,
+    set up under GLM-5.3-Flash's config."""
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(create_vllm_config(glm5_flash_model_dir)):
+        request.getfixturevalue("dist_init")
+    yield

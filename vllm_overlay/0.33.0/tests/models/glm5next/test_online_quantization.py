@@ -69,7 +69,9 @@ QUANTIZED = {
 }
 
 
-def build_layer(vllm_config, layer_idx: int, device: str) -> Glm5NextDecoderLayer:
+def build_layer(
+    vllm_config, layer_idx: int, device: str, **kwargs
+) -> Glm5NextDecoderLayer:
     config = vllm_config.model_config.hf_text_config
     with (
         set_current_vllm_config(vllm_config),
@@ -81,6 +83,7 @@ def build_layer(vllm_config, layer_idx: int, device: str) -> Glm5NextDecoderLaye
             config=config,
             layer_idx=layer_idx,
             prefix=f"model.layers.{layer_idx}",
+            **kwargs,
         )
 
 
@@ -105,6 +108,28 @@ def test_attention_projections_take_only_online_quantization(
         for n in names
     }
     assert methods == expected
+
+
+def projection_methods(attn, names) -> dict[str, type]:
+    return {n: type(attn.get_submodule(n).quant_method) for n in names}
+
+
+@pytest.mark.parametrize("case", ["checkpoint+targets", "checkpoint+linear"])
+def test_mtp_layer_takes_the_target_quant_config(
+    case, glm5_flash_config, make_glm5_flash_vllm_config
+):
+    """The MTP layer (index 45) is built with the target's quant config: the
+    recommended targets (layers 0-44) leave its MLA projections BF16, while
+    `{"linear": ...}` quantizes them too."""
+    vllm_config = make_glm5_flash_vllm_config(*CASES[case])
+    mtp_idx = glm5_flash_config["num_hidden_layers"]
+    layer = build_layer(vllm_config, mtp_idx, device="meta", is_mtp_layer=True)
+
+    names = PROJECTIONS["deepseek_sparse_attention"]
+    method = Mxfp8OnlineLinearMethod if case == "checkpoint+linear" else None
+    assert projection_methods(layer.self_attn, names) == {
+        n: method or UnquantizedLinearMethod for n in names
+    }
 
 
 def random_block_fp8(shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,7 +37,6 @@ SCALES_OFFSET = NOPE_DIM
 ROPE_OFFSET = SCALES_OFFSET + NUM_TILES * 4
 ROW_BYTES = ROPE_OFFSET + ROPE_DIM * 2
 BF16_ROW_BYTES = NOPE_DIM * 2
-FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
 
 GLM = "glm512"
 DEEPSEEK = "ds576"
@@ -176,6 +175,7 @@ def _select_mla_backend(vllm_config, head_size: int, num_heads: int) -> str:
 def _resolve_layer(vllm_config, head_size: int, num_heads: int) -> dict[str, Any]:
     """Backend, cache dtype and KV bytes per token of one sparse MLA layer, as
     MLAAttention.__init__ and get_kv_cache_spec resolve them."""
+    from functools import partial
     from types import SimpleNamespace
 
     from vllm.config import set_current_vllm_config
@@ -188,11 +188,21 @@ def _resolve_layer(vllm_config, head_size: int, num_heads: int) -> dict[str, Any
 
     with set_current_vllm_config(vllm_config):
         name = _select_mla_backend(vllm_config, head_size, num_heads)
+        backend_class = AttentionBackendEnum[name].get_class()
         kv_cache_dtype = _canonicalize_sparse_mla_kv_cache_dtype(
-            AttentionBackendEnum[name].get_class(),
-            vllm_config.cache_config.cache_dtype,
+            backend_class, vllm_config.cache_config.cache_dtype
+        )
+        # The selected backend's impl sizes an fp8_ds_mla row.
+        text_config = vllm_config.model_config.hf_text_config
+        impl = SimpleNamespace(
+            kv_lora_rank=text_config.kv_lora_rank,
+            qk_rope_head_dim=text_config.qk_rope_head_dim,
+        )
+        impl.get_fp8_ds_mla_row_bytes = partial(
+            backend_class.get_impl_cls().get_fp8_ds_mla_row_bytes, impl
         )
         layer = SimpleNamespace(
+            impl=impl,
             kv_cache_dtype=kv_cache_dtype,
             head_size=head_size,
             sliding_window=None,
@@ -210,10 +220,7 @@ def _resolve_layer(vllm_config, head_size: int, num_heads: int) -> dict[str, Any
 
 
 def _resolve_case(case: dict[str, Any], model_dir: str) -> dict[str, Any]:
-    from types import SimpleNamespace
-
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
     _use_mocked_cuda_platform(*case["capability"])
     vllm_config = EngineArgs(
@@ -229,11 +236,9 @@ def _resolve_case(case: dict[str, Any], model_dir: str) -> dict[str, Any]:
     text_config = vllm_config.model_config.hf_text_config
     head_size = text_config.kv_lora_rank + text_config.qk_rope_head_dim
     num_heads = text_config.num_attention_heads
-    # The MTP layer's config, as the proposer derives it from the target's.
-    proposer = SimpleNamespace(
-        speculative_config=vllm_config.speculative_config, vllm_config=vllm_config
-    )
-    draft_config = SpecDecodeBaseProposer._create_draft_vllm_config(proposer)  # type: ignore[arg-type]
+    # The MTP layer's config, as the model runner's MTP speculator derives it
+    # from the target's (see load_eagle_model).
+    draft_config = vllm_config.speculative_config.apply_draft_overrides(vllm_config)
     return {
         TARGET: _resolve_layer(vllm_config, head_size, num_heads),
         MTP: _resolve_layer(draft_config, head_size, num_heads),
@@ -302,11 +307,11 @@ SELECTION_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         _case(GLM, SM90, "fp8_ds_mla"),
         _layer(FLASHMLA, "fp8_ds_mla", 656),
     ),
-    # The MTP drafter never inherits --attention-backend (see
-    # SpecDecodeBaseProposer._create_draft_vllm_config); it auto-selects.
+    # The MTP drafter inherits --attention-backend (see
+    # SpeculativeConfig.apply_draft_overrides).
     "sm90-auto-flashmla_sparse-glm512": (
         _case(GLM, SM90, "auto", FLASHMLA),
-        _layer(FLASHMLA, "auto", 1024) | {MTP: _layer(FI_SM90, "auto", 1024)},
+        _layer(FLASHMLA, "auto", 1024),
     ),
     "sm90-fp8-flashmla_sparse-glm512": (
         _case(GLM, SM90, "fp8", FLASHMLA),
@@ -448,37 +453,6 @@ def test_unservable_combination_is_an_error(
         assert needle in result["error"]
 
 
-# --------------------------------------------------------------------------
-# A pure-torch reference of the 656-byte fp8_ds_mla row.
-# --------------------------------------------------------------------------
-
-
-def _write_rows(
-    cache: torch.Tensor, slots: torch.Tensor, nope: torch.Tensor
-) -> torch.Tensor:
-    """Write NoPE latents into fp8_ds_mla rows: 512 e4m3 values, one fp32
-    scale per 128 values, and a zeroed 64-wide bf16 RoPE slot."""
-    num_tokens = nope.shape[0]
-    tiles = nope.float().view(num_tokens, NUM_TILES, TILE)
-    scales = tiles.abs().amax(dim=-1).clamp(min=1e-12) / FP8_MAX
-    values = (tiles / scales.unsqueeze(-1)).to(torch.float8_e4m3fn)
-    rows = torch.zeros(num_tokens, ROW_BYTES, dtype=torch.uint8)
-    rows[:, :SCALES_OFFSET] = values.view(num_tokens, NOPE_DIM).view(torch.uint8)
-    rows[:, SCALES_OFFSET:ROPE_OFFSET] = scales.view(torch.uint8)
-    cache[slots] = rows
-    return scales
-
-
-def _read_rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Dequantize rows back to their 576 logical dims (NoPE, then RoPE)."""
-    rows = cache[slots]
-    values = rows[:, :SCALES_OFFSET].contiguous().view(torch.float8_e4m3fn).float()
-    scales = rows[:, SCALES_OFFSET:ROPE_OFFSET].contiguous().view(torch.float32)
-    nope = (values.view(-1, NUM_TILES, TILE) * scales.unsqueeze(-1)).flatten(1)
-    rope = rows[:, ROPE_OFFSET:].contiguous().view(torch.bfloat16).float()
-    return torch.cat([nope, rope], dim=-1)
-
-
 def test_row_layout_matches_vllm(selections: dict[str, Any]) -> None:
     assert selections["constants"] == {
         "rope_dim": ROPE_DIM,
@@ -486,59 +460,40 @@ def test_row_layout_matches_vllm(selections: dict[str, Any]) -> None:
     }
 
 
-def test_round_trip_within_e4m3_bound() -> None:
-    torch.manual_seed(0)
-    nope = (torch.randn(64, NOPE_DIM) * torch.rand(64, 1) * 8).bfloat16()
-    cache = torch.zeros(64, ROW_BYTES, dtype=torch.uint8)
-    slots = torch.arange(64)
-    scales = _write_rows(cache, slots, nope)
-    restored = _read_rows(cache, slots)[:, :NOPE_DIM]
-    x = nope.float()
-    # e4m3 keeps 3 mantissa bits: half an ulp is 2**-4 of the value for
-    # normals; subnormals are spaced 2**-9, times the tile's scale.
-    tile_scale = scales.repeat_interleave(TILE, dim=-1)
-    bound = x.abs() * 2**-4 + tile_scale * 2**-10
-    assert torch.all((restored - x).abs() <= bound)
+@pytest.mark.parametrize(
+    "method, draft_dtype",
+    [
+        ("mtp", "fp8_ds_mla"),
+        ("dspark", "fp8_ds_mla"),
+        ("eagle3", "fp8"),
+        ("draft_model", "fp8"),
+    ],
+)
+def test_drafter_kv_cache_dtype_on_sm90(
+    monkeypatch: pytest.MonkeyPatch, method: str, draft_dtype: str
+) -> None:
+    """MTP and DSpark drafters share the target's fp8_ds_mla rows; a separate
+    draft model keeps the per-tensor fp8 it was asked for."""
+    from types import SimpleNamespace
 
+    import vllm.platforms
+    from vllm.model_executor.models.config import Glm5NextModelConfig
 
-def test_writer_clears_rope_slot_of_written_rows() -> None:
-    cache = torch.full((8, ROW_BYTES), 0xFF, dtype=torch.uint8)
-    slots = torch.tensor([1, 4, 6])
-    _write_rows(cache, slots, torch.randn(3, NOPE_DIM).bfloat16())
-    assert torch.all(cache[slots, ROPE_OFFSET:] == 0)
-    unwritten = torch.tensor([0, 2, 3, 5, 7])
-    assert torch.all(cache[unwritten] == 0xFF)
-
-
-def test_zero_padded_query_gives_the_same_logits() -> None:
-    # Small integers are exact in bf16, e4m3 and every partial fp32 sum, so
-    # equality holds whatever order the dot products are reduced in.
-    torch.manual_seed(0)
-    q = torch.randint(-8, 9, (16, NOPE_DIM)).bfloat16()
-    nope = torch.randint(-8, 9, (32, NOPE_DIM)).bfloat16()
-    nope[:, 0] = 8  # every tile's scale is then exactly 8 / 448
-    nope[:, TILE::TILE] = 8
-    cache = torch.zeros(32, ROW_BYTES, dtype=torch.uint8)
-    _write_rows(cache, torch.arange(32), nope)
-    keys = _read_rows(cache, torch.arange(32))
-    q_padded = torch.nn.functional.pad(q.float(), (0, ROPE_DIM))
-    assert q_padded.shape[-1] == NOPE_DIM + ROPE_DIM
-    padded_logits = q_padded @ keys.T
-    logits = q.float() @ keys[:, :NOPE_DIM].T
-    assert torch.equal(padded_logits, logits)
-
-
-def test_zero_rope_slot_adds_nothing_to_random_logits() -> None:
-    torch.manual_seed(0)
-    q = torch.randn(16, NOPE_DIM).bfloat16().float()
-    cache = torch.zeros(32, ROW_BYTES, dtype=torch.uint8)
-    _write_rows(cache, torch.arange(32), torch.randn(32, NOPE_DIM).bfloat16())
-    keys = _read_rows(cache, torch.arange(32))
-    q_padded = torch.nn.functional.pad(q, (0, ROPE_DIM))
-    rope_term = q_padded[:, NOPE_DIM:] @ keys[:, NOPE_DIM:].T
-    assert torch.equal(rope_term, torch.zeros_like(rope_term))
-    nope_term = q_padded[:, :NOPE_DIM] @ keys[:, :NOPE_DIM].T
-    assert torch.equal(nope_term + rope_term, q @ keys[:, :NOPE_DIM].T)
+    sm90 = SimpleNamespace(
+        is_cuda=lambda: True, is_device_capability_family=lambda family: family == 90
+    )
+    monkeypatch.setattr(vllm.platforms, "current_platform", sm90)
+    cache_config = SimpleNamespace(cache_dtype="fp8")
+    spec_config = SimpleNamespace(method=method, kv_cache_dtype=None)
+    vllm_config = SimpleNamespace(
+        cache_config=cache_config,
+        attention_config=SimpleNamespace(backend=None, backend_per_kind={}),
+        model_config=SimpleNamespace(hf_text_config=SimpleNamespace(index_topk=2048)),
+        speculative_config=spec_config,
+    )
+    Glm5NextModelConfig.verify_and_update_config(vllm_config)  # type: ignore[arg-type]
+    draft_cache_dtype = spec_config.kv_cache_dtype or cache_config.cache_dtype
+    assert (cache_config.cache_dtype, draft_cache_dtype) == ("fp8_ds_mla", draft_dtype)
 
 
 if __name__ == "__main__":

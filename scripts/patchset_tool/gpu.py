@@ -1,0 +1,279 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""GPU tests (and the decode benchmark) on a machine that has no vLLM.
+
+The SM90 tests of the series drive vLLM's compiled kernels (the cache writer in
+`_C_stable_libtorch`, FlashMLA in `_flashmla_C`) through a few of vLLM's Python
+files. A GPU machine with PyTorch but without vLLM's dependencies can run them
+from a *stage*: those files copied out of an installed vLLM, with a stub
+`vllm/__init__.py` so that importing an extension does not import vLLM.
+
+* `stage` writes such a stage: the extensions xz-compressed (the compression
+  is cached by the file's sha256, since `_C_stable_libtorch` takes minutes),
+  the Python files, the stub, the tests, a `pytest.ini` and, with `bench`, the
+  benchmark script. It refuses a stage larger than `CARRY_LIMIT`.
+* `device_command` is the shell command that runs a stage on the GPU machine:
+  unpack to /tmp, pytest (no conftest, no cache), then the benchmark, with
+  the junit XML and the logs written to `$OUT`.
+* `collect` copies what came back into the build tree and summarises it.
+
+Only the standard library is used here.
+"""
+
+import hashlib
+import json
+import lzma
+import re
+import shlex
+import shutil
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CARRY_LIMIT = 64 * 1024 * 1024
+"""What may travel to the GPU machine in one call, the working tree included."""
+
+CARRY_HEADROOM = 1024 * 1024
+"""Left for the working tree that travels beside the stage."""
+
+EXTENSIONS = ("_C_stable_libtorch.abi3.so", "_flashmla_C.abi3.so")
+"""vLLM's compiled extensions the tests use: the cache ops and FlashMLA."""
+
+PYTHON_FILES = (
+    "third_party/__init__.py",
+    "third_party/flashmla/__init__.py",
+    "third_party/flashmla/flash_mla_interface.py",
+    # read (not imported) by the tests for vLLM's own padding rules
+    "v1/attention/backends/mla/flashmla_sparse.py",
+    "utils/math_utils.py",
+    "models/glm5next/common/model.py",
+)
+"""vLLM's Python files the tests need, relative to the `vllm` package."""
+
+STUB_INIT = '''\
+"""Stub: lets vllm's compiled extensions load without importing vLLM."""
+
+__version__ = {version!r}
+'''
+
+XZ_PRESET = 9 | lzma.PRESET_EXTREME
+
+BENCH_SCRIPT = "bench_glm5_fp8_mla_decode.py"
+
+OUT_FILES = ("junit.xml", "pytest.log", "bench.log", "bench.json", "device.txt")
+"""What `device_command` writes into `$OUT` (the bench files with `bench`)."""
+
+
+def vllm_version(site_packages: Path) -> str:
+    """The version of the vLLM installed in `site_packages`.
+
+    Raises FileNotFoundError when there is no `vllm/_version.py`, ValueError
+    when it names no version.
+    """
+    text = (site_packages / "vllm" / "_version.py").read_text()
+    match = re.search(r"^__version__ = version = ['\"]([^'\"]+)['\"]", text, re.M)
+    if not match:
+        raise ValueError(f"no version in {site_packages / 'vllm' / '_version.py'}")
+    return match.group(1)
+
+
+def sha256(path: Path) -> str:
+    """The hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def xz_cached(src: Path, cache_dir: Path) -> Path:
+    """`src` xz-compressed (preset 9e), made once per content.
+
+    The result lives in `cache_dir` as `<sha256 of src>.xz`; it is written to
+    a temporary name first, so an interrupted run leaves no partial entry.
+    """
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    out = cache_dir / f"{sha256(src)}.xz"
+    if not out.exists():
+        tmp = out.with_suffix(".tmp")
+        tmp.write_bytes(lzma.compress(src.read_bytes(), preset=XZ_PRESET))
+        tmp.replace(out)
+    return out
+
+
+def stage(
+    site_packages: Path,
+    tests: list[Path],
+    dest: Path,
+    *,
+    cache_dir: Path,
+    bench: Path | None = None,
+) -> Path:
+    """Write into `dest` what the GPU machine needs to run `tests`.
+
+    `site_packages` holds an installed vLLM (its `vllm/` folder); `dest` is
+    emptied first. The stage holds `vllm/` (the `EXTENSIONS` as `.so.xz`, the
+    `PYTHON_FILES`, a stub `__init__.py`), `tests/` (the given files),
+    `pytest.ini`, `bench/` (only if `bench`, the benchmark script, is given)
+    and `MANIFEST.json` (the vLLM version, each file's size and the total).
+    Compressed extensions come from `cache_dir` (see `xz_cached`).
+
+    Returns `dest`. Raises FileNotFoundError for a missing input and
+    ValueError when the stage exceeds `CARRY_LIMIT - CARRY_HEADROOM`.
+    """
+    pkg = site_packages / "vllm"
+    version = vllm_version(site_packages)
+    sources = [pkg / name for name in EXTENSIONS]
+    sources += [pkg / rel for rel in PYTHON_FILES]
+    sources += [*tests, *([bench] if bench else [])]
+    for src in sources:
+        if not src.is_file():
+            raise FileNotFoundError(src)
+
+    if dest.exists():
+        shutil.rmtree(dest)
+    (dest / "vllm").mkdir(parents=True)
+    (dest / "vllm" / "__init__.py").write_text(STUB_INIT.format(version=version))
+    for name in EXTENSIONS:
+        shutil.copyfile(xz_cached(pkg / name, cache_dir), dest / "vllm" / f"{name}.xz")
+    for rel in PYTHON_FILES:
+        (dest / "vllm" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(pkg / rel, dest / "vllm" / rel)
+    (dest / "tests").mkdir()
+    for test in tests:
+        shutil.copyfile(test, dest / "tests" / test.name)
+    if bench:
+        (dest / "bench").mkdir()
+        shutil.copyfile(bench, dest / "bench" / BENCH_SCRIPT)
+    (dest / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
+
+    files = sorted(p for p in dest.rglob("*") if p.is_file())
+    sizes = {str(p.relative_to(dest)): p.stat().st_size for p in files}
+    total = sum(sizes.values())
+    manifest = {"vllm": version, "total_bytes": total, "files": sizes}
+    (dest / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    if total > CARRY_LIMIT - CARRY_HEADROOM:
+        raise ValueError(
+            f"stage is {total / 2**20:.1f} MiB; the GPU machine takes "
+            f"{CARRY_LIMIT / 2**20:.0f} MiB with the working tree"
+        )
+    return dest
+
+
+_UNPACK = (
+    "import lzma,pathlib,sys;"
+    "[(p.with_suffix('').write_bytes(lzma.decompress(p.read_bytes())),p.unlink())"
+    " for p in list(pathlib.Path(sys.argv[1]).rglob('*.xz'))]"
+)
+
+
+def device_command(
+    stage_rel: str,
+    *,
+    bench: bool = False,
+    test_timeout_s: int = 300,
+    bench_timeout_s: int = 240,
+) -> str:
+    """The shell command that runs the stage at `stage_rel` on the GPU machine.
+
+    `stage_rel` is the stage's path relative to the repository root (where
+    the command starts). The command copies the stage to /tmp/gpustage,
+    decompresses the extensions, records the GPU and torch in
+    `$OUT/device.txt`, runs pytest over `tests/` with `--noconftest` and no
+    cache provider (junit XML in `$OUT/junit.xml`, log in `$OUT/pytest.log`)
+    and, with `bench`, the benchmark (`$OUT/bench.log`, `$OUT/bench.json`).
+    Each step runs under `timeout`. The exit status is pytest's, or 3 when
+    only the benchmark failed.
+    """
+    src = shlex.quote(stage_rel.rstrip("/") + "/.")
+    steps = [
+        "set -o pipefail",
+        "S=/tmp/gpustage",
+        f"rm -rf $S && mkdir -p $S && cp -r {src} $S/",
+        f'python3 -c "{_UNPACK}" $S || exit 90',
+        "cd $S",
+        "export PYTHONPATH=$S PYTHONUNBUFFERED=1",
+        (
+            "(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader;"
+            " python3 -c 'import torch;print(torch.__version__,torch.version.cuda)')"
+            " >$OUT/device.txt 2>&1"
+        ),
+        (
+            f"timeout {test_timeout_s} python3 -m pytest -p no:cacheprovider"
+            " --noconftest -rA -v --junitxml=$OUT/junit.xml tests 2>&1"
+            " | tee $OUT/pytest.log"
+        ),
+        "rc=$?",
+    ]
+    if bench:
+        steps += [
+            (
+                f"timeout {bench_timeout_s} python3 bench/{BENCH_SCRIPT}"
+                " --json $OUT/bench.json 2>&1 | tee $OUT/bench.log"
+                " || { [ $rc -eq 0 ] && rc=3; }"
+            ),
+        ]
+    steps.append("exit $rc")
+    return "; ".join(steps)
+
+
+@dataclass
+class Outcome:
+    """The tests of one junit XML file, by outcome."""
+
+    passed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def read_junit(path: Path) -> Outcome:
+    """Each test case of a pytest junit XML file, sorted by outcome.
+
+    Raises FileNotFoundError when there is no file, ET.ParseError when it is
+    not XML.
+    """
+    outcome = Outcome()
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name", "?")
+        if case.find("failure") is not None:
+            outcome.failed.append(name)
+        elif case.find("error") is not None:
+            outcome.errors.append(name)
+        elif case.find("skipped") is not None:
+            outcome.skipped.append(name)
+        else:
+            outcome.passed.append(name)
+    return outcome
+
+
+def collect(files_dir: Path, dest: Path) -> str:
+    """Copy what a device run sent back into `dest`; summarise it.
+
+    `files_dir` is the folder the run's `$OUT` files came back to. Every file
+    in it is copied into `dest` (created if missing). The summary counts the
+    passed, failed, errored and skipped tests from `junit.xml`, names all but
+    the passed ones, and names the benchmark log when there is one; it
+    reports a missing or unreadable `junit.xml` instead of raising.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    for src in sorted(files_dir.iterdir()):
+        if src.is_file():
+            shutil.copyfile(src, dest / src.name)
+    junit = dest / "junit.xml"
+    try:
+        o = read_junit(junit)
+    except (FileNotFoundError, ET.ParseError) as exc:
+        return f"no test results: {junit}: {exc}"
+    lines = [
+        (
+            f"{len(o.passed)} passed, {len(o.failed)} failed, "
+            f"{len(o.errors)} errors, {len(o.skipped)} skipped ({dest})"
+        )
+    ]
+    for label, names in (("failed", o.failed), ("error", o.errors)):
+        lines += [f"  {label}: {n}" for n in names]
+    lines += [f"  skipped: {n}" for n in o.skipped]
+    if (dest / "bench.log").exists():
+        lines.append(f"  benchmark: {dest / 'bench.log'}")
+    return "\n".join(lines)

@@ -1,0 +1,188 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""`patchset verify-install`: what vLLM an environment holds.
+
+For an operator: the installed vLLM version, which series (if any) the
+wheel from `patchset build` put there (read from `vllm/glm5next_series.json`),
+and whether every file still has the sha256 that the installed RECORD
+lists. A file that differs, is missing, or sits in the package without a
+RECORD entry has drifted (a hand edit, a partial reinstall); any drift
+exits non-zero. vLLM is never imported: the environment's interpreter is
+asked only for its site-packages.
+"""
+
+import argparse
+import base64
+import csv
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .bases import load_bases
+from .errors import PatchsetError
+from .series import load_series
+from .wheel import SERIES_FILE, SHORT_ID_LENGTH, series_id
+
+PURELIB = 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
+
+
+@dataclass(frozen=True)
+class InstalledVllm:
+    """The vllm distribution in one site-packages directory."""
+
+    site: Path
+    dist_info: Path
+    version: str
+    record: dict[str, str]
+    """Every RECORD path (relative to `site`) to its hash; "" for none."""
+
+    @property
+    def series(self) -> dict[str, Any] | None:
+        """The series manifest a patched wheel installs, or None."""
+        manifest = self.site / SERIES_FILE
+        if not manifest.is_file():
+            return None
+        try:
+            return dict(json.loads(manifest.read_text()))
+        except ValueError as exc:
+            raise PatchsetError(f"{manifest}: not valid JSON ({exc})") from exc
+
+
+def purelib(python: Path) -> Path:
+    """The site-packages directory of the environment `python` runs in."""
+    try:
+        proc = subprocess.run(
+            [str(python), "-c", PURELIB], capture_output=True, text=True, timeout=60
+        )
+    except OSError as exc:
+        raise PatchsetError(f"cannot run {python}: {exc.strerror}") from exc
+    if proc.returncode or not proc.stdout.strip():
+        raise PatchsetError(f"{python} did not name its site-packages:\n{proc.stderr}")
+    return Path(proc.stdout.strip())
+
+
+def read_record(dist_info: Path) -> dict[str, str]:
+    """RECORD as path to hash ("" where RECORD gives none)."""
+    with open(dist_info / "RECORD", newline="") as handle:
+        return {row[0]: row[1] if len(row) > 1 else "" for row in csv.reader(handle)}
+
+
+def find_vllm(site: Path) -> InstalledVllm:
+    """The one vllm distribution installed in `site`; raise if none or more."""
+    found = sorted(site.glob("vllm-*.dist-info"))
+    if len(found) != 1:
+        names = ", ".join(p.name for p in found) or "none"
+        raise PatchsetError(
+            f"{site}: expected one vllm-*.dist-info, found {names}"
+            + ("" if found else "; vLLM is not installed there")
+        )
+    dist_info = found[0]
+    version = ""
+    for line in (dist_info / "METADATA").read_text().splitlines():
+        if line.startswith("Version:"):
+            version = line.split(":", 1)[1].strip()
+            break
+    return InstalledVllm(site, dist_info, version, read_record(dist_info))
+
+
+def record_digest(path: Path) -> str:
+    """A file's sha256 in RECORD's form (urlsafe base64, no padding)."""
+    with open(path, "rb") as handle:
+        digest = hashlib.file_digest(handle, "sha256").digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def drifted_files(install: InstalledVllm) -> list[str]:
+    """One line per file that is not as RECORD says: its hash differs, it
+    is missing, or it lies in the package without a RECORD entry (bytecode
+    caches aside)."""
+    problems = []
+    for rel, want in install.record.items():
+        path = install.site / rel
+        if not want:
+            continue
+        if not path.is_file():
+            problems.append(f"{rel}: missing")
+        elif record_digest(path) != want:
+            problems.append(f"{rel}: sha256 differs from RECORD")
+    listed = {(install.site / rel).resolve() for rel in install.record}
+    for path in sorted((install.site / "vllm").rglob("*")):
+        cached = "__pycache__" in path.parts
+        if path.is_file() and not cached and path.resolve() not in listed:
+            rel = path.relative_to(install.site).as_posix()
+            problems.append(f"{rel}: not listed in RECORD")
+    return problems
+
+
+def describe_series(series: dict[str, Any] | None, version: str) -> list[str]:
+    """Report lines naming the installed series and its patches."""
+    if series is None:
+        return [f"series: none (upstream vLLM {version})"]
+    base = series.get("base", {})
+    lines = [
+        (
+            f"series: {series.get('series')} {series.get('short_id')} on vLLM "
+            f"{base.get('version')} ({base.get('commit')}), "
+            f"{len(series.get('patches', []))} patches:"
+        )
+    ]
+    for patch in series.get("patches", []):
+        lines.append(f"  {patch.get('name', '')[:4]} {patch.get('subject')}")
+    lines.append(checkout_note(series))
+    return lines
+
+
+def checkout_note(series: dict[str, Any]) -> str:
+    """Whether the installed series is this checkout's series for its base."""
+    version = series.get("base", {}).get("version")
+    base = next((b for b in load_bases() if b.version == version), None)
+    if base is None or not base.series_file.is_file():
+        return f"  (this checkout has no series for vLLM {version} to compare)"
+    current = series_id(load_series(base.patches))
+    if current == series.get("id"):
+        return f"  same series as this checkout's patches/{version}/"
+    return (
+        f"  differs from this checkout's patches/{version}/ (series "
+        f"{current[:SHORT_ID_LENGTH]}): rebuild with "
+        f"`scripts/patchset build --base {version}`"
+    )
+
+
+def verify_install(python: Path) -> int:
+    """Print what vLLM the environment of `python` holds; raise naming the
+    drifted files, if any. Returns 0 when every file matches RECORD."""
+    site = purelib(python)
+    install = find_vllm(site)
+    print(f"python: {python}")
+    print(f"site-packages: {site}")
+    print(f"vllm: {install.version} ({install.dist_info.name})")
+    for line in describe_series(install.series, install.version):
+        print(line)
+    drift = drifted_files(install)
+    hashed = sum(1 for want in install.record.values() if want)
+    if drift:
+        raise PatchsetError(
+            f"{len(drift)} of the installed vLLM's files drifted from "
+            f"{install.dist_info.name}/RECORD:\n  "
+            + "\n  ".join(drift)
+            + "\nReinstall the same wheel (uv pip install --no-deps --reinstall "
+            "WHEEL) or go back to upstream (uv pip install --no-deps "
+            f"--reinstall vllm=={install.version.split('+')[0]})"
+        )
+    print(f"files: all {hashed} match RECORD")
+    return 0
+
+
+def default_python() -> Path:
+    """`python3` on PATH: the environment an operator has activated."""
+    found = shutil.which("python3")
+    return Path(found) if found else Path(sys.executable)
+
+
+def cmd_verify_install(args: argparse.Namespace) -> int:
+    return verify_install(args.python or default_python())

@@ -1,0 +1,543 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""`patchset build`: one pip-installable vLLM wheel with a base's series.
+
+The wheel starts from the base's own upstream wheel, fetched once through
+pip (so pip's index configuration, certificates and proxies apply; no
+registry is named here), checked against the index's sha256 and kept in
+the cache. The series is applied to the Python files it touches with the
+same checks as `apply`: every base file must match the upstream wheel's
+RECORD, the patches apply all or nothing, and the result must equal the
+base's overlay. Every other member, compiled extensions included, is
+copied byte for byte; the WHEEL file and the platform tags are kept.
+
+The result is vLLM `<base>+glm5next.<series id>`: the dist-info folder is
+renamed to match, METADATA changes only in its `Version:` line (the
+dependencies stay the base's), `vllm/glm5next_series.json` names the
+series, and RECORD is regenerated from the bytes written. The wheel is
+written to a hidden file in dist/ and renamed into place at the end, so a
+failure leaves nothing there.
+"""
+
+import argparse
+import base64
+import csv
+import errno
+import hashlib
+import io
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import apply, paths
+from .bases import Base, get_base
+from .errors import PatchsetError
+from .series import Patch, load_series
+
+WHEEL_TAGS = "cp38-abi3-manylinux_2_28_x86_64"
+# pip's spelling of those tags, so the wheel is found from any host
+PIP_PLATFORM = [
+    "--only-binary=:all:",
+    "--platform",
+    "manylinux_2_28_x86_64",
+    "--implementation",
+    "cp",
+    "--abi",
+    "abi3",
+]
+LOCAL_LABEL = "glm5next"
+SHORT_ID_LENGTH = 10
+SERIES_FILE = "vllm/glm5next_series.json"
+PARTIAL_SUFFIX = ".partial"
+CHUNK = 1 << 20
+NEW_FILE_MODE = (stat.S_IFREG | 0o644) << 16
+
+
+@dataclass(frozen=True)
+class UpstreamWheel:
+    """vLLM's own wheel for one release and the sha256 (hex) that the
+    package index publishes for it."""
+
+    path: Path
+    sha256: str
+
+
+@dataclass(frozen=True)
+class BuiltWheel:
+    path: Path
+    size: int
+    seconds: float
+    base: Base
+    patches: int
+    files: int
+    short_id: str
+
+    def __str__(self) -> str:
+        shown = _display_path(self.path)
+        return (
+            f"built {shown}\n"
+            f"  {self.size / 1e6:.1f} MB in {self.seconds:.1f} s: vLLM "
+            f"{self.base.version} ({self.base.commit}) with {self.patches} "
+            f"patches (series {self.short_id}), {self.files} files changed\n"
+            f"install it into a vLLM {self.base.version} environment (its "
+            "dependencies stay as they are):\n"
+            f"  uv pip install --no-deps {shown}\n"
+            f"  pip install --no-deps {shown}"
+        )
+
+
+def _display_path(path: Path) -> Path:
+    """`path` relative to the working directory when it lies below it."""
+    cwd = Path.cwd()
+    return path.relative_to(cwd) if path.is_relative_to(cwd) else path
+
+
+# --- the upstream wheel -------------------------------------------------
+
+
+def upstream_wheel_name(version: str) -> str:
+    return f"vllm-{version}-{WHEEL_TAGS}.whl"
+
+
+def wheel_cache() -> Path:
+    """Where checked upstream wheels are kept, each with a `.sha256` file
+    holding the index's digest."""
+    return paths.cache_root() / "wheels"
+
+
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of a file, read in chunks."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def require_sha256(wheel: UpstreamWheel) -> None:
+    """Raise unless the wheel's bytes hash to the index's sha256."""
+    got = file_sha256(wheel.path)
+    if got != wheel.sha256:
+        raise PatchsetError(
+            f"{wheel.path}: sha256 {got} is not the index's {wheel.sha256}; "
+            "the file is damaged or not vLLM's own wheel. Delete it "
+            f"(rm {wheel.path}) and run again to fetch it afresh"
+        )
+
+
+def upstream_wheel(version: str) -> UpstreamWheel:
+    """VLLM's wheel for `version`: from the cache, or fetched once through
+    pip and checked against the index's sha256 before it is kept.
+
+    A cached wheel comes with the digest the index gave when it was
+    fetched; `build_wheel` checks the bytes against it on every build."""
+    folder = wheel_cache()
+    wheel = folder / upstream_wheel_name(version)
+    digest_file = wheel.with_name(wheel.name + ".sha256")
+    if wheel.is_file() and digest_file.is_file():
+        return UpstreamWheel(wheel, digest_file.read_text().strip())
+    want = index_sha256(version)
+    if not wheel.is_file():
+        _pip_download(version, want, folder)
+    require_sha256(UpstreamWheel(wheel, want))
+    digest_file.write_text(want + "\n")
+    return UpstreamWheel(wheel, want)
+
+
+def _pip(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run this interpreter's pip, which reads pip's own configuration."""
+    command = [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise PatchsetError(
+            f"pip {args[0]} failed (exit {proc.returncode}); check the network "
+            f"and pip's index configuration (`pip config list`).\npip said:\n{tail}"
+        )
+    return proc
+
+
+def index_sha256(version: str) -> str:
+    """The sha256 the configured index publishes for vLLM's wheel, asked of
+    pip without downloading or building anything."""
+    with tempfile.TemporaryDirectory(prefix="patchset-report-") as target:
+        report = _pip(
+            "install",
+            "--dry-run",
+            "--quiet",
+            "--no-deps",
+            "--ignore-installed",
+            *PIP_PLATFORM,
+            "--target",
+            target,
+            "--report",
+            "-",
+            f"vllm=={version}",
+        ).stdout
+    try:
+        info = json.loads(report)["install"][0]["download_info"]
+    except (ValueError, KeyError, IndexError) as exc:
+        raise PatchsetError(f"pip gave no install report for vllm=={version}") from exc
+    name = info["url"].rsplit("/", 1)[-1].split("#", 1)[0]
+    digest = info.get("archive_info", {}).get("hashes", {}).get("sha256")
+    if name != upstream_wheel_name(version) or not digest:
+        raise PatchsetError(
+            f"the index offers {name} for vllm=={version}"
+            + ("" if digest else " without a sha256")
+            + f"; the build needs {upstream_wheel_name(version)} and its sha256"
+        )
+    return str(digest)
+
+
+def _pip_download(version: str, sha256: str, folder: Path) -> None:
+    """Download the wheel into `folder` with pip, which refuses any other
+    sha256; a failure keeps nothing."""
+    name = upstream_wheel_name(version)
+    print(f"fetching {name} with pip (once; kept in {folder})", flush=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=folder) as tmp:
+        pinned = Path(tmp) / "requirement.txt"
+        pinned.write_text(f"vllm=={version} --hash=sha256:{sha256}\n")
+        _pip(
+            "download",
+            "--no-deps",
+            "--require-hashes",
+            "--progress-bar",
+            "off",
+            *PIP_PLATFORM,
+            "--dest",
+            tmp,
+            "-r",
+            str(pinned),
+        )
+        fetched = Path(tmp) / name
+        if not fetched.is_file():
+            raise PatchsetError(f"pip download left no {name}")
+        os.replace(fetched, folder / name)
+
+
+# --- the series ----------------------------------------------------------
+
+
+def series_id(patches: list[Patch]) -> str:
+    """The hex sha256 over the series' patch files, in order, names included."""
+    digest = hashlib.sha256()
+    for patch in patches:
+        digest.update(patch.name.encode() + b"\0" + patch.path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def wheel_version(base: Base, patches: list[Patch]) -> str:
+    """The PEP 440 version `<base>+glm5next.<short series id>`, normalized."""
+    short = series_id(patches)[:SHORT_ID_LENGTH]
+    # An all-digit local segment compares as a number: normalizing drops
+    # its leading zeros, and the dist-info name must be the normal form.
+    label = str(int(short)) if short.isdigit() else short
+    return f"{base.version}+{LOCAL_LABEL}.{label}"
+
+
+def series_manifest(base: Base, patches: list[Patch]) -> bytes:
+    """The contents of `vllm/glm5next_series.json`."""
+    full = series_id(patches)
+    manifest = {
+        "series": LOCAL_LABEL,
+        "id": full,
+        "short_id": full[:SHORT_ID_LENGTH],
+        "version": wheel_version(base, patches),
+        "base": {"version": base.version, "commit": base.commit},
+        "patches": [
+            {
+                "name": p.name,
+                "subject": p.subject,
+                "sha256": hashlib.sha256(p.path.read_bytes()).hexdigest(),
+            }
+            for p in patches
+        ],
+    }
+    return (json.dumps(manifest, indent=1) + "\n").encode()
+
+
+# --- reading the upstream wheel ------------------------------------------
+
+
+def record_hash(sha256: bytes) -> str:
+    """RECORD's form of a sha256 digest: urlsafe base64 without padding."""
+    return "sha256=" + base64.urlsafe_b64encode(sha256).rstrip(b"=").decode()
+
+
+def _dist_info(source: zipfile.ZipFile, base: Base) -> str:
+    """The upstream wheel's dist-info folder; raise unless it is `base`'s."""
+    folder = f"vllm-{base.version}.dist-info"
+    if f"{folder}/RECORD" not in source.namelist():
+        raise PatchsetError(f"{source.filename}: has no {folder}/RECORD")
+    return folder
+
+
+def _wheel_record(source: zipfile.ZipFile, dist_info: str) -> dict[str, str]:
+    """Path to RECORD hash, for every hashed entry of the wheel's RECORD."""
+    text = source.read(f"{dist_info}/RECORD").decode()
+    return {row[0]: row[1] for row in csv.reader(io.StringIO(text)) if row[1:2] != [""]}
+
+
+def _require_commit(source: zipfile.ZipFile, base: Base) -> None:
+    """Raise unless the wheel's vllm/_version.py names `base`'s commit."""
+    version_file = source.read("vllm/_version.py").decode()
+    if f"g{base.commit}" not in version_file:
+        raise PatchsetError(
+            f"{source.filename}: vllm/_version.py does not name commit "
+            f"{base.commit}, which bases.toml declares for vLLM {base.version}"
+        )
+
+
+def _pristine_files(
+    source: zipfile.ZipFile, record: dict[str, str], patches: list[Patch]
+) -> dict[str, bytes]:
+    """The upstream bytes of every file the series modifies, each proven
+    against the wheel's RECORD; raise naming every file that cannot be."""
+    wanted, problems = {}, []
+    names = set(source.namelist())
+    for path, existed in apply.touched_files(patches).items():
+        if not path.startswith("vllm/"):
+            if existed:
+                problems.append(f"{path}: modified by the series, not in the wheel")
+            continue
+        if not existed:
+            if path in names:
+                creator = next(p.name for p in patches if p.file(path))
+                problems.append(f"{creator}: creates {path}, which the wheel has")
+            continue
+        if path not in record:
+            problems.append(f"{path}: not listed in the wheel's RECORD")
+            continue
+        data = source.read(path)
+        if record_hash(hashlib.sha256(data).digest()) != record[path]:
+            problems.append(f"{path}: differs from the sha256 in the wheel's RECORD")
+        wanted[path] = data
+    if problems:
+        raise PatchsetError(
+            f"{source.filename} is not the base the series applies to:\n  "
+            + "\n  ".join(problems)
+        )
+    return wanted
+
+
+def _patched_files(
+    source: zipfile.ZipFile, base: Base, patches: list[Patch]
+) -> dict[str, bytes]:
+    """The vllm/ files the series writes, path to bytes, after applying it
+    to the checked upstream files and matching the result to the overlay."""
+    record = _wheel_record(source, _dist_info(source, base))
+    pristine = _pristine_files(source, record, patches)
+    with tempfile.TemporaryDirectory(prefix="patchset-wheel-") as tmp:
+        root = Path(tmp)
+        for path, data in pristine.items():
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(data)
+        apply.apply_series_in(root, base)
+        return {
+            path: (root / path).read_bytes()
+            for path in apply.touched_files(patches)
+            if path.startswith("vllm/")
+        }
+
+
+# --- writing the wheel ----------------------------------------------------
+
+
+def metadata_with_version(metadata: bytes, version: str) -> bytes:
+    """METADATA with the `Version:` header of its header block set to
+    `version`; every other byte (line endings, body) is kept."""
+    lines = metadata.split(b"\n")
+    end = next((i for i, line in enumerate(lines) if line in (b"", b"\r")), len(lines))
+    found = [i for i in range(end) if lines[i].startswith(b"Version:")]
+    if len(found) != 1:
+        raise PatchsetError(f"METADATA has {len(found)} Version: headers, not one")
+    ending = b"\r" if lines[found[0]].endswith(b"\r") else b""
+    lines[found[0]] = b"Version: " + version.encode() + ending
+    return b"\n".join(lines)
+
+
+def _entry(name: str, like: zipfile.ZipInfo) -> zipfile.ZipInfo:
+    """A new zip entry named `name` with `like`'s date, mode and compression."""
+    info = zipfile.ZipInfo(name, like.date_time)
+    info.external_attr = like.external_attr
+    info.create_system = like.create_system
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.file_size = like.file_size
+    return info
+
+
+class _WheelWriter:
+    """Writes zip entries and remembers the RECORD line of each."""
+
+    def __init__(self, out: zipfile.ZipFile) -> None:
+        self.out = out
+        self.record: list[tuple[str, str, str]] = []
+
+    def write(self, info: zipfile.ZipInfo, data: bytes) -> None:
+        self.out.writestr(info, data)
+        digest = record_hash(hashlib.sha256(data).digest())
+        self.record.append((info.filename, digest, str(len(data))))
+
+    def copy(self, source: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> None:
+        """Copy one member's bytes unchanged (its CRC checked on the way)."""
+        digest, size = hashlib.sha256(), 0
+        with source.open(info) as src, self.out.open(_entry(name, info), "w") as dst:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                dst.write(chunk)
+                size += len(chunk)
+        self.record.append((name, record_hash(digest.digest()), str(size)))
+
+    def write_record(self, name: str, like: zipfile.ZipInfo) -> None:
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerows([*self.record, (name, "", "")])
+        self.out.writestr(_entry(name, like), text.getvalue().encode())
+
+
+def _write_wheel(
+    source: zipfile.ZipFile,
+    target: Path,
+    base: Base,
+    version: str,
+    replaced: dict[str, bytes],
+) -> None:
+    """Write the patched wheel to `target`: upstream's members in order
+    with the series' files replaced, its new files and the series file
+    after them, then the renamed dist-info with RECORD last."""
+    old_dist = _dist_info(source, base)
+    new_dist = f"vllm-{version}.dist-info"
+    stamp = source.getinfo(f"{old_dist}/METADATA")
+    dist_members = []
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as out:
+        wheel = _WheelWriter(out)
+        for info in source.infolist():
+            if info.filename.startswith(old_dist + "/"):
+                dist_members.append(info)
+            elif info.filename in replaced:
+                data = replaced[info.filename]
+                wheel.write(_entry(info.filename, info), data)
+            else:
+                wheel.copy(source, info, info.filename)
+        for name in sorted(set(replaced) - set(source.namelist())):
+            wheel.write(_new_entry(name, stamp), replaced[name])
+        for info in dist_members:
+            name = new_dist + info.filename.removeprefix(old_dist)
+            if info.filename == f"{old_dist}/METADATA":
+                data = metadata_with_version(source.read(info), version)
+                wheel.write(_entry(name, info), data)
+            elif info.filename != f"{old_dist}/RECORD":
+                wheel.copy(source, info, name)
+        wheel.write_record(f"{new_dist}/RECORD", stamp)
+
+
+def _new_entry(name: str, stamp: zipfile.ZipInfo) -> zipfile.ZipInfo:
+    """An entry for a file the series adds: mode 644, upstream's date."""
+    info = _entry(name, stamp)
+    info.external_attr = NEW_FILE_MODE
+    return info
+
+
+def _write_atomically(target: Path, write: Callable[[Path], None], need: int) -> None:
+    """Call `write` on a hidden file next to `target`, then rename it into
+    place. On any failure, the hidden file is removed, and so is the
+    folder when this call created it; an OSError becomes a PatchsetError
+    that names the folder (`need`: bytes the write takes, for the message)."""
+    folder = target.parent
+    created = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        descriptor, name = tempfile.mkstemp(
+            dir=folder, prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX
+        )
+        os.close(descriptor)
+    except OSError as exc:
+        raise PatchsetError(
+            f"cannot write the wheel to {folder}: {exc.strerror}; "
+            "choose a writable --dist"
+        ) from exc
+    partial = Path(name)
+    try:
+        write(partial)
+        with open(partial, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(partial, target)
+    except BaseException as exc:
+        partial.unlink(missing_ok=True)
+        if created:
+            shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise PatchsetError(_write_failure(exc, folder, need)) from exc
+        raise
+
+
+def _write_failure(exc: OSError, folder: Path, need: int) -> str:
+    if exc.errno == errno.ENOSPC:
+        free = shutil.disk_usage(folder).free if folder.exists() else 0
+        return (
+            f"no space left on the device of {folder} while writing the wheel "
+            f"(about {need / 1e6:.0f} MB needed, {free / 1e6:.0f} MB free); "
+            "nothing was left there. Free space or choose another --dist"
+        )
+    return f"writing the wheel to {folder} failed: {exc}; nothing was left there"
+
+
+def remove_stale_partials(dist: Path) -> None:
+    """Delete the hidden files a killed build left in `dist`."""
+    for stale in dist.glob(f".vllm-*{PARTIAL_SUFFIX}"):
+        stale.unlink(missing_ok=True)
+
+
+def build_wheel(base: Base, upstream: UpstreamWheel, dist: Path) -> BuiltWheel:
+    """Write the wheel of vLLM `base` with its series into `dist` and
+    return what was built.
+
+    Raises PatchsetError, leaving nothing in `dist`, when the upstream
+    wheel's bytes do not hash to `upstream.sha256`, when it is not the
+    base (dist-info, commit, RECORD of a touched file), when the series
+    does not apply or disagrees with the overlay, or when `dist` cannot
+    take the wheel."""
+    start = time.monotonic()
+    patches = load_series(base.patches)
+    if not patches:
+        raise PatchsetError(f"{base.series_file}: the series is empty")
+    require_sha256(upstream)
+    version = wheel_version(base, patches)
+    with zipfile.ZipFile(upstream.path) as source:
+        _require_commit(source, base)
+        replaced = _patched_files(source, base, patches)
+        replaced[SERIES_FILE] = series_manifest(base, patches)
+        target = dist.resolve() / f"vllm-{version}-{WHEEL_TAGS}.whl"
+        remove_stale_partials(target.parent)
+        print(f"writing {target.name}", flush=True)
+        _write_atomically(
+            target,
+            lambda partial: _write_wheel(source, partial, base, version, replaced),
+            upstream.path.stat().st_size,
+        )
+    return BuiltWheel(
+        target,
+        target.stat().st_size,
+        time.monotonic() - start,
+        base,
+        len(patches),
+        len(replaced) - 1,
+        series_id(patches)[:SHORT_ID_LENGTH],
+    )
+
+
+# --- command line ------------------------------------------------------------
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    base = get_base(args.base)
+    dist = args.dist or paths.REPO / "dist"
+    print(build_wheel(base, upstream_wheel(base.version), dist))
+    return 0

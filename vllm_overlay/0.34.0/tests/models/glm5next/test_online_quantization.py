@@ -1,0 +1,250 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Online quantization reaches GLM-5.3-Flash's BF16 attention projections
+(KDA, MLA, DSA indexer) only when `--quantization-config` asks for it; the
+checkpoint's own method never does."""
+
+import pytest
+import torch
+
+from vllm.config import set_current_vllm_config
+from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+from vllm.model_executor.layers.quantization.online.mxfp8 import (
+    Mxfp8OnlineLinearMethod,
+)
+from vllm.models.glm5next.common.model import (
+    Glm5NextDecoderLayer,
+    _try_load_fp8_attn_proj,
+)
+from vllm.platforms import current_platform
+from vllm.utils.torch_utils import set_default_torch_dtype
+
+pytestmark = pytest.mark.usefixtures("distributed", "gpu_stubs")
+
+# The all-196 regex of the recommended configuration.
+TARGETS = {
+    "targets": {
+        "re:.*[.]layers[.]([0-9]|[1-3][0-9]|4[0-4])[.](self_attn[.]"
+        "(in_proj_qkvbfg_a|o_proj|fused_qkv_a_proj|q_b_proj|indexer[.]wq_b)|"
+        "mlp[.]shared_experts[.](gate_proj|up_proj|gate_up_proj|down_proj))": "mxfp8"
+    }
+}
+
+# case: (checkpoint, --quantization, --quantization-config)
+CASES = {
+    "checkpoint": ("block-fp8", "fp8", None),
+    "checkpoint+targets": ("block-fp8", "fp8", TARGETS),
+    "checkpoint+linear": ("block-fp8", "fp8", {"linear": "mxfp8"}),
+    "online-targets": ("bf16", "online", TARGETS),
+    "mxfp8": ("bf16", "mxfp8", None),
+}
+
+PROJECTIONS = {
+    "deepseek_sparse_attention": (
+        "fused_qkv_a_proj",
+        "q_b_proj",
+        "o_proj",
+        "indexer.wq_b",
+    ),
+    "linear_attention": ("in_proj_qkvbfg_a", "f_b_proj", "g_b_proj", "o_proj"),
+}
+ALWAYS_UNQUANTIZED = {
+    "deepseek_sparse_attention": ("kv_b_proj", "indexer.wk_weights_proj"),
+    "linear_attention": ("conv1d",),
+}
+# Projections named by TARGETS (the K=128 KDA gate projections are not).
+TARGETED = {
+    "in_proj_qkvbfg_a",
+    "o_proj",
+    "fused_qkv_a_proj",
+    "q_b_proj",
+    "indexer.wq_b",
+}
+QUANTIZED = {
+    "checkpoint": set(),
+    "checkpoint+targets": TARGETED,
+    "checkpoint+linear": {p for ps in PROJECTIONS.values() for p in ps},
+    "online-targets": TARGETED,
+    "mxfp8": set(),
+}
+
+
+def build_layer(
+    vllm_config, layer_idx: int, device: str, **kwargs
+) -> Glm5NextDecoderLayer:
+    config = vllm_config.model_config.hf_text_config
+    with (
+        set_current_vllm_config(vllm_config),
+        set_default_torch_dtype(vllm_config.model_config.dtype),
+        torch.device(device),
+    ):
+        return Glm5NextDecoderLayer(
+            vllm_config=vllm_config,
+            config=config,
+            layer_idx=layer_idx,
+            prefix=f"model.layers.{layer_idx}",
+            **kwargs,
+        )
+
+
+def layers_of_type(glm5_flash_config, layer_type: str) -> list[int]:
+    layer_types = glm5_flash_config["layer_types"]
+    return [i for i, t in enumerate(layer_types) if t == layer_type]
+
+
+@pytest.mark.parametrize("layer_type", list(PROJECTIONS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_attention_projections_take_only_online_quantization(
+    case, layer_type, glm5_flash_config, make_glm5_flash_vllm_config
+):
+    vllm_config = make_glm5_flash_vllm_config(*CASES[case])
+    layer_idx = layers_of_type(glm5_flash_config, layer_type)[0]
+    attn = build_layer(vllm_config, layer_idx, device="meta").self_attn
+
+    names = PROJECTIONS[layer_type] + ALWAYS_UNQUANTIZED[layer_type]
+    methods = {n: type(attn.get_submodule(n).quant_method) for n in names}
+    expected = {
+        n: Mxfp8OnlineLinearMethod if n in QUANTIZED[case] else UnquantizedLinearMethod
+        for n in names
+    }
+    assert methods == expected
+
+
+def projection_methods(attn, names) -> dict[str, type]:
+    return {n: type(attn.get_submodule(n).quant_method) for n in names}
+
+
+@pytest.mark.parametrize("case", ["checkpoint+targets", "checkpoint+linear"])
+def test_mtp_layer_takes_the_target_quant_config(
+    case, glm5_flash_config, make_glm5_flash_vllm_config
+):
+    """The MTP layer (index 45) is built with the target's quant config: the
+    recommended targets (layers 0-44) leave its MLA projections BF16, while
+    `{"linear": ...}` quantizes them too."""
+    vllm_config = make_glm5_flash_vllm_config(*CASES[case])
+    mtp_idx = glm5_flash_config["num_hidden_layers"]
+    layer = build_layer(vllm_config, mtp_idx, device="meta", is_mtp_layer=True)
+
+    names = PROJECTIONS["deepseek_sparse_attention"]
+    method = Mxfp8OnlineLinearMethod if case == "checkpoint+linear" else None
+    assert projection_methods(layer.self_attn, names) == {
+        n: method or UnquantizedLinearMethod for n in names
+    }
+
+
+def test_mega_moe_keeps_the_checkpoint_quant_config(
+    glm5_flash_config, make_glm5_flash_vllm_config, monkeypatch
+):
+    """With MegaMoE, the experts kernel owns the shared experts and takes its
+    block size from the checkpoint's config; the attention projections still
+    take the online targets."""
+    monkeypatch.setattr(
+        "vllm.model_executor.layers.fused_moe.deep_gemm_mega_moe."
+        "check_deep_gemm_mega_moe_supported",
+        lambda *args: None,
+    )
+    # Built on the meta device, the experts ask for the accelerator's index.
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+    vllm_config = make_glm5_flash_vllm_config(
+        *CASES["checkpoint+targets"],
+        moe_backend="deep_gemm_mega_moe",
+        enable_expert_parallel=True,
+    )
+    layer_idx = layers_of_type(glm5_flash_config, "deepseek_sparse_attention")[0]
+    layer = build_layer(vllm_config, layer_idx, device="meta")
+
+    assert layer.mlp.shared_experts is None
+    assert layer.mlp.experts.weight_block_size == (128, 128)
+    names = PROJECTIONS["deepseek_sparse_attention"]
+    assert projection_methods(layer.self_attn, names) == {
+        n: Mxfp8OnlineLinearMethod if n in TARGETED else UnquantizedLinearMethod
+        for n in names
+    }
+
+
+def random_block_fp8(shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block-FP8 checkpoint weight and its per-128x128 `weight_scale_inv`."""
+    weight = (torch.randn(shape) * 64).to(torch.float8_e4m3fn)
+    blocks = (-(-shape[0] // 128), -(-shape[1] // 128))
+    return weight, torch.rand(blocks) / 512 + 1 / 1024
+
+
+def dequantize_block_fp8(weight: torch.Tensor, scale_inv: torch.Tensor):
+    rows, cols = weight.shape
+    scale = scale_inv.repeat_interleave(128, 0).repeat_interleave(128, 1)
+    return (weight.float() * scale[:rows, :cols]).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "projection, checkpoint_shards",
+    [
+        ("q_b_proj", ("q_b_proj",)),
+        ("fused_qkv_a_proj", ("q_a_proj", "kv_a_proj_with_mqa")),
+    ],
+    ids=["q_b_proj", "fused_qkv_a_proj"],
+)
+def test_fp8_mla_weights_reach_online_target_as_bf16(
+    projection, checkpoint_shards, glm5_flash_config, make_glm5_flash_vllm_config
+):
+    """FP8 checkpoint weights are dequantized at load, then quantized by the
+    online method exactly as their BF16 dequantization would be."""
+    vllm_config = make_glm5_flash_vllm_config("block-fp8", "fp8", TARGETS)
+    config = vllm_config.model_config.hf_text_config
+    shapes = {
+        "q_b_proj": (
+            config.num_attention_heads * config.qk_head_dim,
+            config.q_lora_rank,
+        ),
+        "q_a_proj": (config.q_lora_rank, config.hidden_size),
+        "kv_a_proj_with_mqa": (config.kv_lora_rank, config.hidden_size),
+    }
+    kv_a_pad_size = config.qk_rope_head_dim if config.mla_use_nope else 0
+    from_fp8_idx, from_bf16_idx = layers_of_type(
+        glm5_flash_config, "deepseek_sparse_attention"
+    )[:2]
+    device = current_platform.device_type
+    from_fp8 = build_layer(vllm_config, from_fp8_idx, device)
+    from_bf16 = build_layer(vllm_config, from_bf16_idx, device)
+
+    fp8_prefix = f"model.layers.{from_fp8_idx}"
+    fp8_params = {f"{fp8_prefix}.{n}": p for n, p in from_fp8.named_parameters()}
+    bf16_params = dict(from_bf16.named_parameters())
+    pending: dict = {}
+    torch.manual_seed(0)
+    for shard_id, shard in enumerate(checkpoint_shards):
+        weight, scale_inv = random_block_fp8(shapes[shard])
+        for suffix, tensor in (("weight", weight), ("weight_scale_inv", scale_inv)):
+            name = f"{fp8_prefix}.self_attn.{shard}.{suffix}"
+            loaded = _try_load_fp8_attn_proj(
+                name, tensor.to(device), pending, fp8_params, set(), kv_a_pad_size
+            )
+            assert loaded, name
+
+        param = bf16_params[f"self_attn.{projection}.weight"]
+        shard_args = (shard_id,) if len(checkpoint_shards) > 1 else ()
+        bf16_weight = dequantize_block_fp8(weight, scale_inv).to(device)
+        param.weight_loader(param, bf16_weight, *shard_args)
+
+    got = from_fp8.self_attn.get_submodule(projection)
+    want = from_bf16.self_attn.get_submodule(projection)
+    assert got.weight.dtype != torch.bfloat16, f"{projection} weight never quantized"
+    assert got.weight.dtype == want.weight.dtype
+    assert torch.equal(got.weight.view(torch.uint8), want.weight.view(torch.uint8))
+    assert torch.equal(
+        got.weight_scale.view(torch.uint8), want.weight_scale.view(torch.uint8)
+    )
+
+
+def test_online_target_on_mla_attention_is_rejected(
+    glm5_flash_config, make_glm5_flash_vllm_config
+):
+    """A target matching the MLA attention module itself fails at startup, as
+    for DeepSeek-V2, instead of being silently ignored."""
+    vllm_config = make_glm5_flash_vllm_config(
+        "bf16", "online", {"targets": {"re:.*[.]self_attn[.]attn": "mxfp8"}}
+    )
+    layer_idx = layers_of_type(glm5_flash_config, "deepseek_sparse_attention")[0]
+    with pytest.raises(
+        ValueError, match="online quantization is not supported for MLAAttention"
+    ):
+        build_layer(vllm_config, layer_idx, device="meta")
