@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
     from vllm.config import CacheConfig, ModelConfig, VllmConfig
     from vllm.config.cache import MambaDType
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
 
 logger = init_logger(__name__)
@@ -151,46 +152,72 @@ class Glm5NextModelConfig(VerifyAndUpdateConfig):
             spec_config.kv_cache_dtype = "auto"
 
     @staticmethod
-    def _use_fp8_ds_mla_on_sm90(vllm_config: "VllmConfig") -> None:
-        """Give `--kv-cache-dtype fp8` on Hopper the meaning it has for 576-wide
-        sparse MLA models: FlashMLA's fp8_ds_mla rows. The 512-wide NoPE latent
-        would otherwise land on FlashInfer's per-tensor FP8, which `fp8_e4m3`
-        still selects. An explicitly selected backend is kept."""
-        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    def _pinned_mla_backends(vllm_config: "VllmConfig") -> list["AttentionBackendEnum"]:
+        """The attention backends chosen by the user for the target's MLA
+        layers and for an MTP drafter, which shares their KV cache layout."""
         from vllm.v1.kv_cache_interface import KVCacheSpecKind
 
         attn_config = vllm_config.attention_config
-        backend = attn_config.backend_per_kind.get(
-            KVCacheSpecKind.MLA_ATTENTION.value, attn_config.backend
-        )
-        if backend is not None and backend != AttentionBackendEnum.FLASHMLA_SPARSE:
-            if not backend.get_class().supports_kv_cache_dtype("fp8"):
-                raise ValueError(
-                    f"Attention backend {backend.name} does not support "
-                    "--kv-cache-dtype fp8 for GLM-5.3-Flash; use "
-                    "--attention-backend FLASHMLA_SPARSE (fp8_ds_mla rows) or "
-                    "FLASHINFER_MLA_SPARSE_SM90 (per-tensor fp8)."
-                )
-            logger.info_once(
-                "Using per-tensor fp8 KV cache for GLM-5.3-Flash with the "
-                "selected %s backend; FLASHMLA_SPARSE would store fp8_ds_mla.",
-                backend.name,
+        pinned = [
+            attn_config.backend_per_kind.get(
+                KVCacheSpecKind.MLA_ATTENTION.value, attn_config.backend
             )
+        ]
+        spec_config = vllm_config.speculative_config
+        if spec_config is not None and spec_config.method == "mtp":
+            pinned.append(spec_config.attention_backend)
+        return [backend for backend in pinned if backend is not None]
+
+    @staticmethod
+    def _use_fp8_ds_mla_on_sm90(vllm_config: "VllmConfig") -> None:
+        """Give `--kv-cache-dtype fp8` on Hopper the meaning it has for 576-wide
+        sparse MLA models, FlashMLA's fp8_ds_mla rows, when every MLA layer can
+        store them: no backend chosen for the target or its MTP drafter
+        lacks fp8_ds_mla, and such a drafter asks for no other cache dtype.
+        Otherwise the request keeps FlashInfer's per-tensor fp8, as on SM90
+        before, and as `fp8_e4m3` always selects.
+
+        The choice is engine-wide because the cache dtype is: the drafter's
+        layers share the target's cache config, and the hybrid page sizing
+        reads it before any layer selects a backend.
+        """
+        pinned = Glm5NextModelConfig._pinned_mla_backends(vllm_config)
+        storing = [
+            backend
+            for backend in pinned
+            if backend.get_class().supports_kv_cache_dtype("fp8_ds_mla")
+        ]
+        if storing and len(storing) < len(pinned):
+            raise ValueError(
+                f"GLM-5.3-Flash with --kv-cache-dtype fp8 on SM90: "
+                f"{storing[0].name} stores fp8_ds_mla rows (656 B per token) "
+                "but the target and its MTP drafter share one KV cache layout, "
+                f"which {', '.join(b.name for b in pinned if b not in storing)} "
+                "cannot read. Choose FLASHMLA_SPARSE for both, or "
+                "FLASHINFER_MLA_SPARSE_SM90 for both (per-tensor fp8)."
+            )
+        spec_config = vllm_config.speculative_config
+        shares_layout = spec_config is not None and spec_config.method == "mtp"
+        drafter_dtype = spec_config.kv_cache_dtype if spec_config else None
+        if len(storing) < len(pinned) or (
+            shares_layout and drafter_dtype not in (None, "fp8", "fp8_ds_mla")
+        ):
             return
 
         vllm_config.cache_config.cache_dtype = "fp8_ds_mla"
-        spec_config = vllm_config.speculative_config
-        if (
-            spec_config is not None
-            and spec_config.method == "mtp"
-            and spec_config.kv_cache_dtype == "fp8"
-        ):
-            spec_config.kv_cache_dtype = "fp8_ds_mla"
         logger.info_once(
             "Using fp8_ds_mla KV cache for GLM-5.3-Flash on SM90: FlashMLA "
             "sparse stores 656 B/token (BF16: 1024 B); --kv-cache-dtype "
             "fp8_e4m3 selects FlashInfer's per-tensor fp8."
         )
+        if spec_config is None:
+            return
+        if shares_layout:
+            if spec_config.kv_cache_dtype == "fp8":
+                spec_config.kv_cache_dtype = "fp8_ds_mla"
+        elif spec_config.kv_cache_dtype is None:
+            # A drafter of its own architecture keeps per-tensor fp8.
+            spec_config.kv_cache_dtype = "fp8"
 
 
 class Ernie4_5_VLMoeForConditionalGenerationConfig(VerifyAndUpdateConfig):
