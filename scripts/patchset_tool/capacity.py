@@ -142,17 +142,14 @@ def gpu_less_impl(real_impl: type, conftest: ModuleType) -> type:
 
 
 def mla_backend_stub(tests: ModuleType, conftest: ModuleType) -> Any:
-    """A `get_attn_backend` for MLAAttention: the backend the SM90 platform
-    picks, with an implementation that needs no GPU."""
+    """A `get_attn_backend` for MLAAttention: the backend vLLM's own selector
+    picks on the SM90 platform, with an implementation that needs no GPU."""
+    from vllm.v1.attention import selector
 
     def get_attn_backend(head_size: int, *args: Any, **kwargs: Any) -> Any:
-        from vllm.config import get_current_vllm_config
-        from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-        config = get_current_vllm_config()
+        selector._cached_get_attn_backend.cache_clear()
         with sm90_platform(tests):
-            name = tests._select_mla_backend(config, head_size, kwargs["num_heads"])
-        real = AttentionBackendEnum[name].get_class()
+            real = selector.get_attn_backend(head_size, *args, **kwargs)
         impl = gpu_less_impl(real.get_impl_cls(), conftest)
         return type(
             real.__name__, (real,), {"get_impl_cls": staticmethod(lambda: impl)}

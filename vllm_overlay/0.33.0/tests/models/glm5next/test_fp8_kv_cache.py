@@ -99,10 +99,11 @@ int cuTensorMapEncodeTiled(void) { return 100; }
 def intended_change(case: dict[str, Any]) -> dict[str, str] | None:
     """What this change selects where it differs from the release: GLM's
     `fp8` on SM90 becomes FLASHMLA_SPARSE's fp8_ds_mla for the target and an
-    MTP drafter, unless a backend chosen for either cannot store those rows or
-    the drafter asks for a cache dtype of its own. Choosing FLASHMLA_SPARSE
-    for one and another backend for the other is a startup error (it fails on
-    the release too). None where nothing changes."""
+    MTP drafter, unless a backend chosen for either cannot store those rows,
+    the drafter asks for a cache dtype of its own, or the drafter is a model
+    of its own (EAGLE3). Choosing FLASHMLA_SPARSE for one and another backend
+    for the other is a startup error (it fails on the release too). None
+    where nothing changes."""
     if (case["capability"], case["model"], case["kv_cache_dtype"]) != (
         CAPABILITIES["sm90"],
         GLM,
@@ -116,7 +117,7 @@ def intended_change(case: dict[str, Any]) -> dict[str, str] | None:
     pinned.discard(None)
     if FLASHMLA in pinned and len(pinned) > 1:
         return {"config": "error: ValidationError"}
-    if pinned - {FLASHMLA} or spec.get("kv_cache_dtype"):
+    if pinned - {FLASHMLA} or spec.get("kv_cache_dtype") or spec.get("model"):
         return None
     fp8_ds_mla = f"{FLASHMLA}/fp8_ds_mla"
     if spec.get("method") == "mtp":

@@ -173,9 +173,12 @@ class Glm5NextModelConfig(VerifyAndUpdateConfig):
         """Give `--kv-cache-dtype fp8` on Hopper the meaning it has for 576-wide
         sparse MLA models, FlashMLA's fp8_ds_mla rows, when every MLA layer can
         store them: no backend chosen for the target or its MTP drafter
-        lacks fp8_ds_mla, and such a drafter asks for no other cache dtype.
-        Otherwise the request keeps FlashInfer's per-tensor fp8, as on SM90
-        before, and as `fp8_e4m3` always selects.
+        lacks fp8_ds_mla, such a drafter asks for no other cache dtype, and
+        there is no drafter of another architecture (its cache dtype could
+        only be kept through the speculative config, and setting that makes
+        vLLM rebuild the drafter's cache config with a user-chosen block size,
+        which changes its backend). Otherwise the request keeps FlashInfer's
+        per-tensor fp8, as on SM90 before, and as `fp8_e4m3` always selects.
 
         The choice is engine-wide because the cache dtype is: the drafter's
         layers share the target's cache config, and the hybrid page sizing
@@ -199,8 +202,10 @@ class Glm5NextModelConfig(VerifyAndUpdateConfig):
         spec_config = vllm_config.speculative_config
         shares_layout = spec_config is not None and spec_config.method == "mtp"
         drafter_dtype = spec_config.kv_cache_dtype if spec_config else None
-        if len(storing) < len(pinned) or (
-            shares_layout and drafter_dtype not in (None, "fp8", "fp8_ds_mla")
+        if (
+            len(storing) < len(pinned)
+            or (spec_config is not None and not shares_layout)
+            or drafter_dtype not in (None, "fp8", "fp8_ds_mla")
         ):
             return
 
@@ -210,14 +215,8 @@ class Glm5NextModelConfig(VerifyAndUpdateConfig):
             "sparse stores 656 B/token (BF16: 1024 B); --kv-cache-dtype "
             "fp8_e4m3 selects FlashInfer's per-tensor fp8."
         )
-        if spec_config is None:
-            return
-        if shares_layout:
-            if spec_config.kv_cache_dtype == "fp8":
-                spec_config.kv_cache_dtype = "fp8_ds_mla"
-        elif spec_config.kv_cache_dtype is None:
-            # A drafter of its own architecture keeps per-tensor fp8.
-            spec_config.kv_cache_dtype = "fp8"
+        if spec_config is not None and spec_config.kv_cache_dtype == "fp8":
+            spec_config.kv_cache_dtype = "fp8_ds_mla"
 
 
 class Ernie4_5_VLMoeForConditionalGenerationConfig(VerifyAndUpdateConfig):
