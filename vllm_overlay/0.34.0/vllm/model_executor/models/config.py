@@ -255,7 +255,7 @@ class Glm5NextModelConfig(VerifyAndUpdateConfig):
         ]
         if storing and len(storing) < len(pinned):
             raise ValueError(
-                f"GLM-5.3-Flash with --kv-cache-dtype fp8 on SM90: "
+                "GLM-5.3-Flash with --kv-cache-dtype fp8 on SM90: "
                 f"{storing[0].name} stores fp8_ds_mla rows (656 B per token) "
                 "but the target and its MTP drafter share one KV cache layout, "
                 f"which {', '.join(b.name for b in pinned if b not in storing)} "
