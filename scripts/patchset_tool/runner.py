@@ -4,6 +4,7 @@
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from . import apply, envmgr, paths
@@ -47,10 +48,13 @@ def ensure_patched_tree(base: Base) -> None:
     install = apply.default_install(base)
     dest = base.patched_tree()
     if not apply.is_current(dest, install, base):
+        # On stderr: stdout belongs to the command (`capacity --json`).
         print(
-            f"patched tree {dest} is missing or stale; applying the series", flush=True
+            f"patched tree {dest} is missing or stale; applying the series",
+            file=sys.stderr,
+            flush=True,
         )
-        print(apply.apply_to_package(base, dest, install), flush=True)
+        print(apply.apply_to_package(base, dest, install), file=sys.stderr, flush=True)
 
 
 def run(command: list[str], base: Base, pristine: bool, cwd: Path | None = None) -> int:
