@@ -59,9 +59,13 @@ def checkout_for_tests(base: Base, patched: bool) -> Iterator[Path]:
         yield clone
 
 
-def checkout_env(python: Path, base: Base, checkout: Path) -> dict[str, str]:
+def checkout_env(
+    python: Path, base: Base, checkout: Path, tree: str = "checkout"
+) -> dict[str, str]:
     """The environment that imports vLLM from `checkout` on the CPU
-    platform, with `base`'s managed venv for everything else."""
+    platform, with `base`'s managed venv for everything else; `tree` names
+    the checkout's own vLLM cache (see `runner.vllm_cache_root`)."""
     env = runner.tree_env(python, base, pristine=True)
+    env["VLLM_CACHE_ROOT"] = runner.vllm_cache_root(f"{base.version}-{tree}")
     env["PYTHONPATH"] = os.pathsep.join([str(checkout), env["PYTHONPATH"]])
     return env
