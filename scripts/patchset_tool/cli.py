@@ -22,6 +22,7 @@ from . import (
     runner,
     sourcetree,
     testcmd,
+    upstream_checks,
     wheel,
     worktree,
 )
@@ -172,6 +173,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         f"pull-request description in {description}"
     )
     return 0
+
+
+def cmd_upstream_checks(args: argparse.Namespace) -> int:
+    base = chosen_base(args)
+    python = envmgr.env_python(base, require=False) or envmgr.setup(base)
+    return upstream_checks.run_checks(base, python)
 
 
 def cmd_test(args: argparse.Namespace) -> int:
@@ -390,6 +397,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _base_option(p)
     p.set_defaults(func=cmd_test)
+
+    p = sub.add_parser(
+        "upstream-checks",
+        help="upstream's own check_test_tethering.py and check_spdx_header.py "
+        "(from the base's release source) over this repository",
+    )
+    _base_option(p)
+    p.set_defaults(func=cmd_upstream_checks)
 
     p = sub.add_parser(
         "gpu",

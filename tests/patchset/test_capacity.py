@@ -5,16 +5,11 @@ and planner: on the patched tree `--kv-cache-dtype fp8` gives the 656-byte
 fp8_ds_mla rows on SM90 and at least +50% tokens at the same budget; on the
 pristine install it stays per-tensor fp8 (512-byte rows)."""
 
-import json
-import subprocess
-import sys
 from functools import cache
-from pathlib import Path
 
 import pytest
-from projectkit import declared_versions, require_series
+from projectkit import declared_versions, report_batch
 
-REPO = Path(__file__).resolve().parents[2]
 MLA = "MLA rows (target)"
 MTP = "MLA rows (MTP layer 45)"
 
@@ -22,19 +17,8 @@ MTP = "MLA rows (MTP layer 45)"
 @cache
 def capacity(version: str, pristine: bool) -> dict:
     """The JSON report of one tree (each run builds the model twice)."""
-    require_series(version)
-    tree = ["--base", version] + (["--pristine"] if pristine else [])
-    command = [sys.executable, str(REPO / "scripts" / "patchset"), "capacity"]
-    result = subprocess.run(
-        [*command, *tree, "--", "--json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    lines = result.stdout.splitlines()
-    return json.loads(next(x for x in reversed(lines) if x.startswith("{")))
+    (report,) = report_batch("capacity", version, pristine, [[]])
+    return report
 
 
 def cache_row(column: dict, kind: str) -> dict:

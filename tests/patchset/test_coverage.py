@@ -5,14 +5,11 @@ claims: online quantization reaches the BF16 attention projections on the
 patched tree only, and never the MTP layer 45."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
+from functools import cache
 
 import pytest
-from projectkit import declared_versions, require_series
+from projectkit import declared_versions, report_batch
 
-REPO = Path(__file__).resolve().parents[2]
 VERSIONS = declared_versions()
 
 LAYERS = "([0-9]|[1-3][0-9]|4[0-4])"
@@ -32,65 +29,84 @@ NVFP4 = ("--checkpoint", "nvfp4", "--quantization", "modelopt_fp4")
 BLOCK_FP8 = ("--checkpoint", "block-fp8", "--quantization", "fp8")
 
 
-def coverage(*args: str, version: str, pristine: bool = False) -> dict:
-    require_series(version)
-    tree = ["--base", version] + (["--pristine"] if pristine else [])
-    command = [sys.executable, str(REPO / "scripts" / "patchset"), "coverage"]
-    result = subprocess.run(
-        [*command, *tree, "--", *args, "--json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    lines = result.stdout.splitlines()
-    return json.loads(next(x for x in reversed(lines) if x.startswith("{")))
-
-
 def targets(regex: str) -> str:
     return json.dumps({"targets": {regex: "mxfp8"}})
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+ONLINE_CASES = [
+    (NVFP4, ALL_196, False, 196),
+    (NVFP4, NON_KDA_128, False, 128),
+    (BLOCK_FP8, ATTENTION_112, False, 112),
+    (BLOCK_FP8, MLA_44, False, 44),
+    (NVFP4, ALL_196, True, 84),
+]
+ONLINE_IDS = [
+    "nvfp4-all-196",
+    "nvfp4-non-kda-128",
+    "block-fp8-attention-112",
+    "block-fp8-mla-44",
+    "pristine-nvfp4-all-196-gives-84",
+]
+NO_ONLINE_CASES = [
+    (("--checkpoint", "bf16", "--quantization", "mxfp8"), None),
+    (("--checkpoint", "bf16", "--quantization-config", targets(ALL_196)), 0),
+]
+
+
+def online_arguments(checkpoint: tuple[str, ...], regex: str) -> tuple[str, ...]:
+    return (*checkpoint, "--quantization-config", targets(regex))
+
+
+def tree_cases(pristine: bool) -> list[tuple[str, ...]]:
+    """Every argument list the tests below ask of one tree."""
+    cases = [online_arguments(c, r) for c, r, p, _ in ONLINE_CASES if p == pristine]
+    return cases + ([] if pristine else [args for args, _ in NO_ONLINE_CASES])
+
+
+@cache
+def tree_reports(version: str, pristine: bool) -> dict[tuple[str, ...], dict]:
+    """The coverage report of each case of one tree, from one process."""
+    cases = tree_cases(pristine)
+    reports = report_batch("coverage", version, pristine, [list(c) for c in cases])
+    return dict(zip(cases, reports, strict=True))
+
+
+def coverage(*args: str, version: str, pristine: bool = False) -> dict:
+    return tree_reports(version, pristine)[args]
+
+
+def tree_group(version: str, pristine: bool) -> pytest.MarkDecorator:
+    """Run one tree's cases on one xdist worker, so its batch runs once."""
+    return pytest.mark.xdist_group(f"coverage-{version}-{pristine}")
+
+
 @pytest.mark.parametrize(
-    "checkpoint, regex, pristine, expected",
+    "version, checkpoint, regex, pristine, expected",
     [
-        (NVFP4, ALL_196, False, 196),
-        (NVFP4, NON_KDA_128, False, 128),
-        (BLOCK_FP8, ATTENTION_112, False, 112),
-        (BLOCK_FP8, MLA_44, False, 44),
-        (NVFP4, ALL_196, True, 84),
-    ],
-    ids=[
-        "nvfp4-all-196",
-        "nvfp4-non-kda-128",
-        "block-fp8-attention-112",
-        "block-fp8-mla-44",
-        "pristine-nvfp4-all-196-gives-84",
+        pytest.param(v, *case, id=f"{v}-{name}", marks=tree_group(v, case[2]))
+        for v in VERSIONS
+        for case, name in zip(ONLINE_CASES, ONLINE_IDS, strict=True)
     ],
 )
 def test_online_quantization_coverage(version, checkpoint, regex, pristine, expected):
-    report = coverage(
-        *checkpoint,
-        "--quantization-config",
-        targets(regex),
-        version=version,
-        pristine=pristine,
-    )
+    args = online_arguments(checkpoint, regex)
+    report = coverage(*args, version=version, pristine=pristine)
     assert report["tree"] == f"{version}-{'pristine' if pristine else 'patched'}"
     assert report["online_quantized"] == expected
     assert report["mtp_online_quantized"] == 0
 
 
-@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize(
-    "args, total",
+    "version, args, total",
     [
-        (("--checkpoint", "bf16", "--quantization", "mxfp8"), None),
-        (("--checkpoint", "bf16", "--quantization-config", targets(ALL_196)), 0),
+        pytest.param(v, *case, id=f"{v}-{name}", marks=tree_group(v, False))
+        for v in VERSIONS
+        for case, name in zip(
+            NO_ONLINE_CASES,
+            ["mxfp8-shorthand", "bf16-targets-without-quantization-online"],
+            strict=True,
+        )
     ],
-    ids=["mxfp8-shorthand", "bf16-targets-without-quantization-online"],
 )
 def test_no_attention_projection_without_an_online_request(version, args, total):
     """The shorthand quantizes MLPs only; a BF16 checkpoint without
