@@ -28,6 +28,7 @@ from . import (
 )
 from .bases import Base, get_base, load_bases, release_order
 from .errors import PatchsetError
+from .junit import read_node_list
 from .series import load_series
 
 
@@ -182,7 +183,8 @@ def cmd_upstream_checks(args: argparse.Namespace) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    return testcmd.run_tests([chosen_base(args)] if args.base else load_bases())
+    bases = [chosen_base(args)] if args.base else load_bases()
+    return testcmd.run_tests(bases, jobs=args.jobs)
 
 
 BENCHMARK = paths.REPO / "benchmarks" / gpu.BENCH_SCRIPT
@@ -191,9 +193,7 @@ BENCHMARK = paths.REPO / "benchmarks" / gpu.BENCH_SCRIPT
 def gpu_test_files(base: Base) -> list[Path]:
     """The base's copies of the series' tests that need an SM90 GPU: the
     series' test files that its expected-skips list names."""
-    skipped = {
-        name.split("::", 1)[0] for name in testcmd.node_list(base.expected_skips)
-    }
+    skipped = {name.split("::", 1)[0] for name in read_node_list(base.expected_skips)}
     ours = set(sourcetree.series_test_files(base))
     return [base.copy_of(f) for f in sorted(skipped & ours)]
 
@@ -396,6 +396,14 @@ def build_parser() -> argparse.ArgumentParser:
         "model tests on pristine and patched, lint and upstream's gates",
     )
     _base_option(p)
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="parts run side by side, and pytest-xdist workers of the tool's "
+        "tests (default: the number of cores)",
+    )
     p.set_defaults(func=cmd_test)
 
     p = sub.add_parser(

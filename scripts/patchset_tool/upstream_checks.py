@@ -90,14 +90,15 @@ def spdx_files(repo: Path) -> list[Path]:
     ]
     for script in sorted((repo / "scripts").glob("*")):
         if script.is_file() and not script.suffix:
-            if script.read_bytes().startswith(b"#!") and b"python" in (
-                script.read_bytes().split(b"\n", 1)[0]
-            ):
+            first_line = script.read_bytes().split(b"\n", 1)[0]
+            if first_line.startswith(b"#!") and b"python" in first_line:
                 found.append(script)
     return found
 
 
-def check_spdx(base: Base, python: Path, repo: Path, files: list[Path]) -> tuple[bool, str]:
+def check_spdx(
+    base: Base, python: Path, repo: Path, files: list[Path]
+) -> tuple[bool, str]:
     """Upstream's SPDX check over copies of `files` (inside `repo`):
     (passed, its output, naming the files by their path in `repo`)."""
     with tempfile.TemporaryDirectory(prefix="patchset-spdx-") as tmp:
@@ -124,7 +125,9 @@ def check_spdx(base: Base, python: Path, repo: Path, files: list[Path]) -> tuple
 def run_checks(base: Base, python: Path, repo: Path = paths.REPO) -> int:
     """Both checks over this repository (every base's model tests); print
     their output; 0 only if both pass."""
-    roots = [b.overlay / "tests" for b in load_bases() if (b.overlay / "tests").is_dir()]
+    roots = [
+        b.overlay / "tests" for b in load_bases() if (b.overlay / "tests").is_dir()
+    ]
     results = {
         "check_test_tethering.py --all": check_tethering(
             base, python, repo, [repo / "tests", *roots]

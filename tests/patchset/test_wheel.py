@@ -25,6 +25,7 @@ from projectkit import REPO
 from patchset_tool import envmgr, sourcetree, wheel
 from patchset_tool.bases import Base, load_bases
 from patchset_tool.installed import find_vllm, purelib, record_digest
+from patchset_tool.runner import vllm_cache_root
 from patchset_tool.series import load_series
 from patchset_tool.upstream import scratch_clone
 
@@ -59,7 +60,16 @@ def zip_record(archive: zipfile.ZipFile, dist_info: str) -> dict[str, list[str]]
     return {row[0]: row[1:] for row in csv.reader(io.StringIO(text))}
 
 
-@pytest.fixture(scope="module", params=BASES, ids=lambda b: b.version)
+@pytest.fixture(
+    scope="module",
+    params=[
+        # One base's tests share its wheel and venv: keep them on one worker.
+        pytest.param(
+            b, id=b.version, marks=pytest.mark.xdist_group(f"wheel-{b.version}")
+        )
+        for b in BASES
+    ],
+)
 def base(request: pytest.FixtureRequest) -> Base:
     return request.param
 
@@ -202,7 +212,11 @@ def upstream_tests(base: Base, tmp_path: Path) -> Path:
 def test_model_tests_pass_against_the_installed_wheel(
     base: Base, venv: Path, upstream_tests: Path
 ) -> None:
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    env = {
+        **os.environ,
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CACHE_ROOT": vllm_cache_root(f"{base.version}-wheel"),
+    }
     env.pop("PYTHONPATH", None)
     where = subprocess.run(
         [str(venv), "-c", "import vllm; print(vllm.__file__)"],
