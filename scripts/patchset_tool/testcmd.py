@@ -119,6 +119,7 @@ def tool_tests(part: Part, python: Path, env: dict[str, str], workers: int) -> N
     """The tool's own tests, over `workers` processes; one tree's reports
     stay on one worker (`xdist_group`), so each tree's batch runs once."""
     command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    command += ["--durations=25"]
     if workers > 1:
         command += ["-n", str(workers), "--dist", "loadgroup"]
     _expect(part, _pytest(part, [*command, "tests/patchset"], paths.REPO, env))
