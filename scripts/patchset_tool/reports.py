@@ -4,12 +4,16 @@
 
 A report prints its result as text or, with `--json`, as one JSON line.
 With `--batch FILE` (a JSON list of argument lists) one process prints one
-JSON line per argument list: vLLM is imported once, not once per report.
+JSON line per argument list: vLLM is imported once, not once per report. A
+list that begins with the name of a report (`coverage`, `capacity`) is that
+report's arguments, so one process can run both (`capacity` mocks the CUDA
+platform only while it measures, and restores it).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -21,6 +25,13 @@ from typing import Any
 Measure = Callable[[argparse.Namespace], dict[str, Any]]
 Format = Callable[[dict[str, Any], float], str]
 Parse = Callable[[list[str] | None], argparse.Namespace]
+REPORTS = ("coverage", "capacity")
+
+
+def report_functions(name: str) -> tuple[Parse, Measure]:
+    """The argument parser and measurement of report `name`."""
+    module = importlib.import_module(f"patchset_tool.{name}")
+    return module.parse_args, module.measure
 
 
 def batch_arguments(argv: list[str]) -> list[list[str]] | None:
@@ -43,9 +54,13 @@ def run_reports(
     argv = sys.argv[1:] if argv is None else argv
     cases = batch_arguments(argv)
     for case in cases if cases is not None else [argv]:
-        args = parse(case)
+        parse_case, measure_case = parse, measure
+        if cases is not None and case[:1] and case[0] in REPORTS:
+            parse_case, measure_case = report_functions(case[0])
+            case = case[1:]
+        args = parse_case(case)
         start = time.monotonic()
-        report = measure(args)
+        report = measure_case(args)
         seconds = time.monotonic() - start
         if args.json or cases is not None:
             print(json.dumps({**report, "seconds": round(seconds, 1)}), flush=True)
