@@ -22,8 +22,8 @@ from pathlib import Path
 
 from . import envmgr, gitutil, paths
 from .bases import Base
+from .distinfo import InstalledVllm, find_base_install
 from .errors import PatchsetError
-from .pristine import Install, find_install
 from .series import Patch, load_series
 
 STAMP = ".patchset-stamp.json"
@@ -64,7 +64,7 @@ def touched_files(patches: list[Patch]) -> dict[str, bool]:
     return first_touch
 
 
-def series_digest(install: Install, base: Base) -> str:
+def series_digest(install: InstalledVllm, base: Base) -> str:
     """What a patched tree was built from: the series, the patches, the
     overlay and the base install."""
     h = hashlib.sha256(str(install.site).encode())
@@ -77,19 +77,19 @@ def series_digest(install: Install, base: Base) -> str:
     return h.hexdigest()
 
 
-def default_install(base: Base) -> Install:
+def default_install(base: Base) -> InstalledVllm:
     """The install `base`'s series applies to: its managed environment's,
     or the site-packages named by GLM5NEXT_PATCHSET_SITE (a copy under
     test)."""
     override = os.environ.get(SITE_VAR)
     if override:
-        return find_install(Path(override), base)
+        return find_base_install(Path(override), base)
     python = envmgr.env_python(base)
     assert python is not None
-    return find_install(envmgr.site_packages(python), base)
+    return find_base_install(envmgr.site_packages(python), base)
 
 
-def check_base(install: Install, patches: list[Patch]) -> list[str]:
+def check_base(install: InstalledVllm, patches: list[Patch]) -> list[str]:
     """Verify the base files; return the vllm/ paths that must pre-exist."""
     existing, problems = [], []
     for path, existed in touched_files(patches).items():
@@ -112,7 +112,7 @@ def check_base(install: Install, patches: list[Patch]) -> list[str]:
     return existing
 
 
-def _copy_package(install: Install, staging: Path) -> None:
+def _copy_package(install: InstalledVllm, staging: Path) -> None:
     """Copy the installed package into `staging`, linking extensions.
 
     Bytecode caches are left behind: `run` lets Python write fresh ones into
@@ -211,7 +211,7 @@ def remove_stale_staging(dest: Path) -> None:
 def apply_to_package(
     base: Base,
     dest: Path | None,
-    install: Install | None = None,
+    install: InstalledVllm | None = None,
     force: bool = False,
 ) -> Summary:
     """Materialize `base`'s patched package at `dest` (None: check only)."""
@@ -277,7 +277,7 @@ def _swap_into_place(staging: Path, dest: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def is_current(dest: Path, install: Install, base: Base) -> bool:
+def is_current(dest: Path, install: InstalledVllm, base: Base) -> bool:
     """Whether `dest` was built from `base`'s current series and install."""
     try:
         stamp = json.loads((dest / STAMP).read_text())

@@ -24,6 +24,7 @@ sys.path (`scripts/patchset capacity [--base] ...` does both):
 
     python -m patchset_tool.capacity [--kv-cache-dtype auto|fp8|both]
         [--budget-gib X] [--tp N] [--max-model-len L] [--json]
+    python -m patchset_tool.capacity --batch FILE  (see reports.py)
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import importlib.util
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -43,14 +43,14 @@ from types import ModuleType
 from typing import Any
 
 from patchset_tool.coverage import (
-    TREE_VAR,
     build_models,
     is_mtp_layer,
     load_conftest,
     model_tests,
-    print_report,
     single_process_distributed,
 )
+from patchset_tool.reports import exit_without_teardown, run_reports
+from patchset_tool.runner import TREE_VAR
 
 SM90 = (9, 0)
 GIB = 1 << 30
@@ -465,10 +465,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the capacity report; 0 on success."""
-    args = parse_args(argv)
-    start = time.monotonic()
-    return print_report(measure(args), start, args.json, format_report)
+    return run_reports(argv, parse_args, measure, format_report)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

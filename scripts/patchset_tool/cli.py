@@ -22,11 +22,13 @@ from . import (
     runner,
     sourcetree,
     testcmd,
+    upstream_checks,
     wheel,
     worktree,
 )
 from .bases import Base, get_base, load_bases, release_order
 from .errors import PatchsetError
+from .junit import read_node_list
 from .series import load_series
 
 
@@ -174,8 +176,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_upstream_checks(args: argparse.Namespace) -> int:
+    base = chosen_base(args)
+    python = envmgr.env_python(base, require=False) or envmgr.setup(base)
+    return upstream_checks.run_checks(base, python)
+
+
 def cmd_test(args: argparse.Namespace) -> int:
-    return testcmd.run_tests([chosen_base(args)] if args.base else load_bases())
+    bases = [chosen_base(args)] if args.base else load_bases()
+    return testcmd.run_tests(bases, jobs=args.jobs)
 
 
 BENCHMARK = paths.REPO / "benchmarks" / gpu.BENCH_SCRIPT
@@ -184,9 +193,7 @@ BENCHMARK = paths.REPO / "benchmarks" / gpu.BENCH_SCRIPT
 def gpu_test_files(base: Base) -> list[Path]:
     """The base's copies of the series' tests that need an SM90 GPU: the
     series' test files that its expected-skips list names."""
-    skipped = {
-        name.split("::", 1)[0] for name in testcmd.node_list(base.expected_skips)
-    }
+    skipped = {name.split("::", 1)[0] for name in read_node_list(base.expected_skips)}
     ours = set(sourcetree.series_test_files(base))
     return [base.copy_of(f) for f in sorted(skipped & ours)]
 
@@ -389,7 +396,23 @@ def build_parser() -> argparse.ArgumentParser:
         "model tests on pristine and patched, lint and upstream's gates",
     )
     _base_option(p)
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="parts run side by side, and pytest-xdist workers of the tool's "
+        "tests (default: the number of cores)",
+    )
     p.set_defaults(func=cmd_test)
+
+    p = sub.add_parser(
+        "upstream-checks",
+        help="upstream's own check_test_tethering.py and check_spdx_header.py "
+        "(from the base's release source) over this repository",
+    )
+    _base_option(p)
+    p.set_defaults(func=cmd_upstream_checks)
 
     p = sub.add_parser(
         "gpu",

@@ -13,6 +13,7 @@ sys.path (`scripts/patchset coverage [--base] -- ...` does both):
     python -m patchset_tool.coverage [--config glm-5.3-flash|PATH]
         [--checkpoint bf16|block-fp8|nvfp4] [--quantization Q]
         [--quantization-config JSON] [--json]
+    python -m patchset_tool.coverage --batch FILE  (see reports.py)
 
 The configuration, the checkpoint emulations and the stubs of GPU-only parts
 are the ones of tests/models/glm5next/conftest.py.
@@ -27,16 +28,14 @@ import json
 import os
 import sys
 import tempfile
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-TREE_VAR = "GLM5NEXT_PATCHSET_TREE"
-MODEL_TESTS_VAR = "GLM5NEXT_PATCHSET_MODEL_TESTS"
-"""Set by `patchset run`: the base's copy of tests/models/glm5next."""
+from patchset_tool.reports import exit_without_teardown, run_reports
+from patchset_tool.runner import MODEL_TESTS_VAR, TREE_VAR
 
 
 def model_tests() -> Path:
@@ -292,26 +291,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def print_report(
-    report: dict[str, Any],
-    start: float,
-    as_json: bool,
-    formatter: Callable[[dict[str, Any], float], str],
-) -> int:
-    """Print a report as text or, with `as_json`, one JSON line; 0."""
-    seconds = time.monotonic() - start
-    if as_json:
-        print(json.dumps({**report, "seconds": round(seconds, 1)}))
-    else:
-        print(formatter(report, seconds))
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    start = time.monotonic()
-    return print_report(measure(args), start, args.json, format_report)
+    return run_reports(argv, parse_args, measure, format_report)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

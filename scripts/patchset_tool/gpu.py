@@ -27,8 +27,9 @@ import re
 import shlex
 import shutil
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from .junit import OUTCOMES, read_outcomes
 
 CARRY_LIMIT = 64 * 1024 * 1024
 """What may travel to the GPU machine in one call, the working tree included."""
@@ -217,36 +218,6 @@ def device_command(
     return "; ".join(steps)
 
 
-@dataclass
-class Outcome:
-    """The tests of one junit XML file, by outcome."""
-
-    passed: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-
-
-def read_junit(path: Path) -> Outcome:
-    """Each test case of a pytest junit XML file, sorted by outcome.
-
-    Raises FileNotFoundError when there is no file, ET.ParseError when it is
-    not XML.
-    """
-    outcome = Outcome()
-    for case in ET.parse(path).getroot().iter("testcase"):
-        name = case.get("name", "?")
-        if case.find("failure") is not None:
-            outcome.failed.append(name)
-        elif case.find("error") is not None:
-            outcome.errors.append(name)
-        elif case.find("skipped") is not None:
-            outcome.skipped.append(name)
-        else:
-            outcome.passed.append(name)
-    return outcome
-
-
 def collect(files_dir: Path, dest: Path) -> str:
     """Copy what a device run sent back into `dest`; summarise it.
 
@@ -262,18 +233,18 @@ def collect(files_dir: Path, dest: Path) -> str:
             shutil.copyfile(src, dest / src.name)
     junit = dest / "junit.xml"
     try:
-        o = read_junit(junit)
+        outcomes = read_outcomes(junit)
     except (FileNotFoundError, ET.ParseError) as exc:
         return f"no test results: {junit}: {exc}"
+    named = {o: [n for n, got in outcomes.items() if got == o] for o in OUTCOMES}
     lines = [
         (
-            f"{len(o.passed)} passed, {len(o.failed)} failed, "
-            f"{len(o.errors)} errors, {len(o.skipped)} skipped ({dest})"
+            f"{len(named['passed'])} passed, {len(named['failed'])} failed, "
+            f"{len(named['error'])} errors, {len(named['skipped'])} skipped ({dest})"
         )
     ]
-    for label, names in (("failed", o.failed), ("error", o.errors)):
-        lines += [f"  {label}: {n}" for n in names]
-    lines += [f"  skipped: {n}" for n in o.skipped]
+    for label in ("failed", "error", "skipped"):
+        lines += [f"  {label}: {n}" for n in named[label]]
     if (dest / "bench.log").exists():
         lines.append(f"  benchmark: {dest / 'bench.log'}")
     return "\n".join(lines)

@@ -12,18 +12,15 @@ asked only for its site-packages.
 """
 
 import argparse
-import base64
-import csv
-import hashlib
 import json
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .bases import load_bases
+from .distinfo import InstalledVllm, find_vllm, record_digest
 from .errors import PatchsetError
 from .series import load_series
 from .wheel import SERIES_FILE, SHORT_ID_LENGTH, series_id
@@ -31,26 +28,15 @@ from .wheel import SERIES_FILE, SHORT_ID_LENGTH, series_id
 PURELIB = 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
 
 
-@dataclass(frozen=True)
-class InstalledVllm:
-    """The vllm distribution in one site-packages directory."""
-
-    site: Path
-    dist_info: Path
-    version: str
-    record: dict[str, str]
-    """Every RECORD path (relative to `site`) to its hash; "" for none."""
-
-    @property
-    def series(self) -> dict[str, Any] | None:
-        """The series manifest a patched wheel installs, or None."""
-        manifest = self.site / SERIES_FILE
-        if not manifest.is_file():
-            return None
-        try:
-            return dict(json.loads(manifest.read_text()))
-        except ValueError as exc:
-            raise PatchsetError(f"{manifest}: not valid JSON ({exc})") from exc
+def installed_series(install: InstalledVllm) -> dict[str, Any] | None:
+    """The series manifest a patched wheel installs, or None."""
+    manifest = install.site / SERIES_FILE
+    if not manifest.is_file():
+        return None
+    try:
+        return dict(json.loads(manifest.read_text()))
+    except ValueError as exc:
+        raise PatchsetError(f"{manifest}: not valid JSON ({exc})") from exc
 
 
 def purelib(python: Path) -> Path:
@@ -64,37 +50,6 @@ def purelib(python: Path) -> Path:
     if proc.returncode or not proc.stdout.strip():
         raise PatchsetError(f"{python} did not name its site-packages:\n{proc.stderr}")
     return Path(proc.stdout.strip())
-
-
-def read_record(dist_info: Path) -> dict[str, str]:
-    """RECORD as path to hash ("" where RECORD gives none)."""
-    with open(dist_info / "RECORD", newline="") as handle:
-        return {row[0]: row[1] if len(row) > 1 else "" for row in csv.reader(handle)}
-
-
-def find_vllm(site: Path) -> InstalledVllm:
-    """The one vllm distribution installed in `site`; raise if none or more."""
-    found = sorted(site.glob("vllm-*.dist-info"))
-    if len(found) != 1:
-        names = ", ".join(p.name for p in found) or "none"
-        raise PatchsetError(
-            f"{site}: expected one vllm-*.dist-info, found {names}"
-            + ("" if found else "; vLLM is not installed there")
-        )
-    dist_info = found[0]
-    version = ""
-    for line in (dist_info / "METADATA").read_text().splitlines():
-        if line.startswith("Version:"):
-            version = line.split(":", 1)[1].strip()
-            break
-    return InstalledVllm(site, dist_info, version, read_record(dist_info))
-
-
-def record_digest(path: Path) -> str:
-    """A file's sha256 in RECORD's form (urlsafe base64, no padding)."""
-    with open(path, "rb") as handle:
-        digest = hashlib.file_digest(handle, "sha256").digest()
-    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def drifted_files(install: InstalledVllm) -> list[str]:
@@ -161,7 +116,7 @@ def verify_install(python: Path) -> int:
     print(f"python: {python}")
     print(f"site-packages: {site}")
     print(f"vllm: {install.version} ({install.dist_info.name})")
-    for line in describe_series(install.series, install.version):
+    for line in describe_series(installed_series(install), install.version):
         print(line)
     drift = drifted_files(install)
     hashed = sum(1 for want in install.record.values() if want)

@@ -13,15 +13,14 @@ Checks, each run with the given Python's own tools:
   and the tool's tests at the configured setting;
   for the overlay, site-packages are not searched, as in upstream's isolated
   hook environment (which has mypy, pydantic and type stubs, not torch);
-* typos (the binary that the `typos` PyPI package puts next to python);
-* vLLM's SPDX header, both lines, on every Python file under vllm_overlay/
-  (upstream's files have it; new ones must add it), tests/ and scripts/ (an
-  empty file passes, as upstream).
+* typos (the binary that the `typos` PyPI package puts next to python).
+
+The SPDX header and test tethering are upstream's own scripts
+(`upstream_checks.py`).
 
 Settings come from the repository's pyproject.toml.
 
-Usage: python -m patchset_tool.lint [--python PY]
-       [--new-file PATH ...] [--only CHECK ...] [FILE ...]
+Usage: python -m patchset_tool.lint [--python PY] [--only CHECK ...]
 """
 
 from __future__ import annotations
@@ -35,13 +34,9 @@ from pathlib import Path
 
 from .bases import load_bases
 
-SPDX_HEADER = (
-    "# SPDX-License-Identifier: Apache-2.0",
-    "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project",
-)
 LINT_DIRS = ("vllm_overlay", "tests", "scripts")
 PYTHON_VERSION = "3.11"
-CHECKS = ("ruff check", "ruff format", "mypy", "typos", "spdx")
+CHECKS = ("ruff check", "ruff format", "mypy", "typos")
 
 Result = tuple[str, bool, str]
 
@@ -86,45 +81,6 @@ def _python_files(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
-
-
-def spdx_problems(files: list[Path]) -> list[str]:
-    """Files without both SPDX lines, as upstream's check_spdx_header.py:
-    each line must appear exactly (whitespace stripped); empty files pass."""
-    problems = []
-    for path in files:
-        try:
-            lines = {
-                line.strip() for line in path.read_text(encoding="utf-8").splitlines()
-            }
-        except (OSError, UnicodeDecodeError) as exc:
-            problems.append(f"{path}: cannot read: {exc}")
-            continue
-        if not lines:
-            continue
-        missing = [line for line in SPDX_HEADER if line not in lines]
-        if missing:
-            problems.append(
-                f"{path}: missing " + " and ".join(repr(line) for line in missing)
-            )
-    return problems
-
-
-def _spdx(repo: Path, new_files: list[Path], extra: list[Path]) -> Result:
-    files = [
-        repo / f if not Path(f).is_absolute() else Path(f) for f in [*new_files, *extra]
-    ]
-    # Every upstream file carries the header, so the overlay's changed files
-    # pass as they are and its new files must add it.
-    files += _python_files(repo / "vllm_overlay")
-    files += _python_files(repo / "tests")
-    files += _python_files(repo / "scripts" / "patchset_tool")
-    if (repo / "scripts").is_dir():
-        files += _python_scripts(repo / "scripts")
-    unique = sorted({p.resolve() for p in files})
-    problems = spdx_problems(unique)
-    summary = f"checked {len(unique)} files for the SPDX header"
-    return "spdx", not problems, "\n".join([*problems, summary])
 
 
 def _typos(repo: Path, python: str, targets: list[str]) -> Result:
@@ -223,27 +179,19 @@ def _mypy(
 def run_lint(
     repo: Path,
     python: str,
-    new_files: list[Path] | None = None,
-    overlays: list[tuple[Path, Path]] | None = None,
     only: list[str] | None = None,
-    spdx_files: list[Path] | None = None,
     require_tree: bool = True,
 ) -> list[Result]:
     """Run every check (or those named in `only`); one (name, ok, output)
     per check, in the order of CHECKS.
 
-    `new_files` are overlay files that the series adds (every overlay file
-    is checked for the SPDX header anyway; listing them changes nothing but
-    keeps the call explicit). `overlays` pairs each base's overlay
-    with its patched tree (the parent of the patched `vllm` package; default:
-    every declared base's build/<version>/vllm-patched), where that overlay's
-    files are type-checked; without a tree mypy fails, unless `require_tree` is false
-    (then the overlay is skipped, as in a pre-commit hook run before
-    anything was built). `spdx_files` are more files for the SPDX check.
+    Each declared base's overlay is type-checked inside its patched tree
+    (build/<version>/vllm-patched); without a tree mypy fails, unless
+    `require_tree` is false (then the overlay is skipped, as in a pre-commit
+    hook run before anything was built).
     """
     repo = repo.resolve()
-    if overlays is None:
-        overlays = [(b.overlay, b.patched_tree()) for b in load_bases()]
+    overlays = [(b.overlay, b.patched_tree()) for b in load_bases()]
     targets = _targets(repo)
     wanted = set(only or CHECKS)
     results: list[Result] = []
@@ -270,8 +218,6 @@ def run_lint(
     if "typos" in wanted:
         # typos reads everything (docs, CI files); pyproject excludes patches/
         results.append(_typos(repo, python, ["."]))
-    if "spdx" in wanted:
-        results.append(_spdx(repo, new_files or [], spdx_files or []))
     return results
 
 
@@ -287,13 +233,6 @@ def main(argv: list[str] | None = None) -> int:
         help="interpreter whose ruff/mypy/typos to use",
     )
     parser.add_argument(
-        "--new-file",
-        type=Path,
-        action="append",
-        default=[],
-        help="an overlay file the series adds (repeatable)",
-    )
-    parser.add_argument(
         "--only",
         action="append",
         choices=CHECKS,
@@ -304,18 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="without a patched tree, skip mypy on the overlay",
     )
-    parser.add_argument(
-        "files", type=Path, nargs="*", help="more files for the SPDX check"
-    )
     args = parser.parse_args(argv)
     results = run_lint(
-        args.repo,
-        args.python,
-        args.new_file,
-        None,
-        args.only,
-        args.files,
-        require_tree=not args.skip_missing_tree,
+        args.repo, args.python, args.only, require_tree=not args.skip_missing_tree
     )
     for name, ok, output in results:
         print(f"== {name}: {'ok' if ok else 'FAILED'}")

@@ -14,6 +14,16 @@ TREE_VAR = "GLM5NEXT_PATCHSET_TREE"
 MODEL_TESTS_VAR = "GLM5NEXT_PATCHSET_MODEL_TESTS"
 
 
+def vllm_cache_root(tree: str) -> str:
+    """The VLLM_CACHE_ROOT of one tree. vLLM keeps one
+    model-info file per model class, keyed by the hash of its package, and
+    inspects a class it has no matching file for in a fresh subprocess that
+    imports vLLM again (~10 s). Trees whose glm5next package differs (each
+    base, pristine or patched) would overwrite each other's file; one cache
+    per tree keeps each warm."""
+    return str(paths.cache_root() / "vllm-cache" / tree)
+
+
 def tree_env(python: Path, base: Base, pristine: bool) -> dict[str, str]:
     """Environment that puts `base`'s managed venv on PATH, its patched
     tree (or nothing, when `pristine`) first on sys.path, and vLLM on its
@@ -24,6 +34,11 @@ def tree_env(python: Path, base: Base, pristine: bool) -> dict[str, str]:
     env["VIRTUAL_ENV"] = str(python.parent.parent)
     env["VLLM_TARGET_DEVICE"] = "cpu"
     env[TREE_VAR] = f"{base.version}-{'pristine' if pristine else 'patched'}"
+    env["VLLM_CACHE_ROOT"] = vllm_cache_root(env[TREE_VAR])
+    # Importing vLLM 0.34.0 imports humming, which then starts two Python
+    # processes that build its CUDA launchers in the background: on a CPU
+    # host they build nothing, but cost seconds of CPU per vLLM import.
+    env["HUMMING_DISABLE_PARALLEL_BUILD"] = "1"
     env[MODEL_TESTS_VAR] = str(base.copy_of(str(paths.MODEL_TESTS)))
     env.pop("PYTHONHOME", None)
     # Let the patched tree and the tests keep their bytecode between runs;

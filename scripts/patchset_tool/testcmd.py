@@ -2,41 +2,43 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`patchset test`: the project's whole test command.
 
-Parts, in order: the offline check of every base; the tool's own tests;
-then for each base: the model tests on its pristine release source, which
-must fail exactly as `patches/<version>/expected-base-failures.txt` lists
-(proving each fix is red without the series), and on the patched source,
-which must all pass. Both run as upstream CI runs them, from the
-checkout's `tests/` with upstream's conftest, beside upstream's own
-glm5next tests. Only the tests in `expected-skips.txt` (which need a GPU)
-may skip, and only those in `expected-cpu-failures.txt` (upstream's own,
-failing on a CPU-only host with or without the series) may fail on both.
-Then the test-tethering check, the lint, and per base the upstream gates
-on the release source.
+Parts: the offline check of every base; the tool's own tests (over the
+cores, with pytest-xdist); for each base, the model tests on its pristine
+release source, which must fail exactly as
+`patches/<version>/expected-base-failures.txt` lists (proving each fix is
+red without the series), and on the patched source, which must all pass.
+Both run as upstream CI runs them: `pytest -v -s models/glm5next` from the
+checkout's `tests/` with upstream's conftest, beside upstream's own glm5next
+tests. Only the tests in `expected-skips.txt` (which need a GPU) may skip,
+and only those in `expected-cpu-failures.txt` (upstream's own, failing on a
+CPU-only host with or without the series) may fail on both. Then the lint,
+upstream's own tethering and SPDX checks over this repository, and per base
+the upstream gates on the release source.
+
+The parts are independent processes; up to `jobs` of them run side by side
+(the longest first), each writing its output to build/test-logs/. The
+summary table ends the run, with the tail of each failed part's log.
 """
 
+import os
+import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from . import apply, check, envmgr, paths, runner, sourcetree, upstream
 from .bases import Base
+from .junit import read_node_list, read_outcomes
 from .series import load_series
 
-TETHERING = [
-    "patchset_tool.tethering",
-    "--tests",
-    "tests",
-    "--steps",
-    "ci/test_areas",
-    "--allowlist",
-    "ci/tethering-allowlist.yaml",
-]
-LINT = ["patchset_tool.lint"]
+LOG_TAIL_LINES = 60
 
 
 @dataclass
@@ -47,50 +49,49 @@ class Part:
     skipped: int = 0
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
+    log: Path | None = None
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
-
-def junit_outcomes(xml: Path) -> dict[str, str]:
-    """Map each test's node id to passed, failed or skipped."""
-    outcomes = {}
-    for case in ET.parse(xml).getroot().iter("testcase"):
-        module = case.get("classname", "").replace(".", "/")
-        node = f"{module}.py::{case.get('name')}"
-        tags = {child.tag for child in case}
-        outcomes[node] = (
-            "failed"
-            if tags & {"failure", "error"}
-            else "skipped"
-            if "skipped" in tags
-            else "passed"
-        )
-    return outcomes
+    def count(self, rc: int) -> None:
+        """One pass or one failure for a command that exited `rc`."""
+        if rc:
+            self.failed, self.problems = self.failed + 1, [f"exited {rc}"]
+        else:
+            self.passed += 1
 
 
-def node_list(path: Path) -> set[str]:
-    """The node ids listed in `path`, one per line; # starts a comment."""
-    if not path.is_file():
-        return set()
-    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
-    return {line for line in lines if line}
+def log_path(name: str) -> Path:
+    """build/test-logs/<name as a file name>.log"""
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-")
+    return paths.build_dir() / "test-logs" / f"{slug}.log"
+
+
+def _run_logged(part: Part, command: list[str], cwd: Path, env: dict[str, str]) -> int:
+    """Run `command`, appending its output to the part's log; its exit code."""
+    assert part.log is not None
+    with part.log.open("a") as log:
+        log.write(f"$ {' '.join(command)}\n")
+        log.flush()
+        return subprocess.run(
+            command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT
+        ).returncode
 
 
 def _pytest(
-    command: list[str], part: Part, cwd: Path, env: dict[str, str]
+    part: Part, command: list[str], cwd: Path, env: dict[str, str]
 ) -> dict[str, str]:
-    """Run pytest `command` (without its junit option); count outcomes."""
+    """Run pytest `command` (without its junit option); count outcomes
+    (an error counts as a failure)."""
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
-        print(f"\n=== {part.name}: {' '.join(command[1:])}", flush=True)
-        rc = subprocess.run(
-            [*command, f"--junitxml={xml}", "-o", "junit_family=xunit1"],
-            env=env,
-            cwd=cwd,
-        ).returncode
-        outcomes = junit_outcomes(xml) if xml.exists() else {}
+        rc = _run_logged(
+            part, [*command, f"--junitxml={xml}", "-o", "junit_family=xunit1"], cwd, env
+        )
+        outcomes = read_outcomes(xml) if xml.exists() else {}
+    outcomes = {n: "failed" if o == "error" else o for n, o in outcomes.items()}
     if not outcomes:
         part.problems.append(f"pytest exited {rc} and ran no test")
     for outcome in outcomes.values():
@@ -114,38 +115,50 @@ def _expect(
         part.problems += [f"{outcome}, not listed: {n}" for n in sorted(got - want)]
 
 
-def _model_tests(python: Path, base: Base, patched: bool) -> Part:
+def tool_tests(part: Part, python: Path, env: dict[str, str], workers: int) -> None:
+    """The tool's own tests, over `workers` processes; one tree's reports
+    stay on one worker (`xdist_group`), so each tree's batch runs once."""
+    command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    command += ["--durations=25"]
+    if workers > 1:
+        command += ["-n", str(workers), "--dist", "loadgroup"]
+    _expect(part, _pytest(part, [*command, "tests/patchset"], paths.REPO, env))
+
+
+def model_tests(part: Part, python: Path, base: Base, patched: bool) -> None:
     """The model tests of one base's source tree, run as upstream CI runs
     them: `pytest -v -s models/glm5next` from its tests/ folder."""
-    tree = "patched" if patched else "pristine"
-    part, start = Part(f"{base.version}: model tests, {tree} source"), time.monotonic()
     command = [str(python), "-m", "pytest", "-v", "-s", "-p", "no:cacheprovider"]
+    tree = "checkout-patched" if patched else "checkout-pristine"
     with sourcetree.checkout_for_tests(base, patched) as checkout:
-        outcomes = _pytest(
-            [*command, "models/glm5next"],
-            part,
-            checkout / "tests",
-            sourcetree.checkout_env(python, base, checkout),
-        )
-    failures = node_list(base.expected_cpu_failures)
+        env = sourcetree.checkout_env(python, base, checkout, tree)
+        outcomes = _pytest(part, [*command, "models/glm5next"], checkout / "tests", env)
+    failures = read_node_list(base.expected_cpu_failures)
     if not patched:
-        failures |= node_list(base.expected_base_failures)
-    _expect(part, outcomes, failures, node_list(base.expected_skips))
-    part.seconds = time.monotonic() - start
-    return part
+        failures |= read_node_list(base.expected_base_failures)
+    _expect(part, outcomes, failures, read_node_list(base.expected_skips))
 
 
-def _command_part(name: str, command: list[str], env: dict[str, str]) -> Part:
-    part = Part(name)
-    print(f"\n=== {name}", flush=True)
-    start = time.monotonic()
-    rc = subprocess.run(command, env=env, cwd=paths.REPO).returncode
-    part.seconds = time.monotonic() - start
-    if rc:
-        part.failed, part.problems = 1, [f"exited {rc}"]
-    else:
-        part.passed = 1
-    return part
+def upstream_gates(part: Part, python: Path, base: Base) -> None:
+    """The series on the base's real release source: `git am -3`, then
+    upstream's own tethering and SPDX hooks on the files it changes."""
+    changed = sorted(apply.touched_files(load_series(base.patches)))
+    with tempfile.TemporaryDirectory() as tmp:
+        clone = upstream.scratch_clone(Path(tmp), base)
+        tool = [sys.executable, str(paths.REPO / "scripts" / "patchset")]
+        commands = [
+            [*tool, "apply", "--base", base.version, "--vllm-src", str(clone)],
+            [
+                str(python),
+                "tools/pre_commit/check_spdx_header.py",
+                *[c for c in changed if c.endswith(".py")],
+            ],
+        ]
+        for command in commands:
+            rc = _run_logged(part, command, clone, dict(os.environ))
+            if rc:
+                part.problems.append(f"exited {rc}: {' '.join(command[-3:])}")
+    part.passed, part.failed = (0, 1) if part.problems else (1, 0)
 
 
 def _check_part() -> Part:
@@ -159,77 +172,103 @@ def _check_part() -> Part:
     return part
 
 
-def run_tests(bases: list[Base]) -> int:
-    """Run every part for `bases` (the first one also runs the tool's own
-    tests and the lint); print the summary table; 0 only if all pass."""
-    pythons = {b.version: envmgr.setup(b) for b in bases}
-    for base in bases:
-        runner.ensure_patched_tree(base)
-    first = bases[0]
-    tool_env = runner.tree_env(pythons[first.version], first, pristine=True)
-    parts = [_check_part()]
-    part, start = Part("machinery tests (tests/patchset)"), time.monotonic()
-    command = [str(pythons[first.version]), "-m", "pytest", "-q", "-p"]
-    _expect(
-        part,
-        _pytest(
-            [*command, "no:cacheprovider", "tests/patchset"], part, paths.REPO, tool_env
-        ),
-    )
-    part.seconds = time.monotonic() - start
-    parts.append(part)
-    for base in bases:
-        for patched in (False, True):
-            parts.append(_model_tests(pythons[base.version], base, patched))
-    python = str(pythons[first.version])
-    parts.append(_command_part("test tethering", [python, "-m", *TETHERING], tool_env))
-    parts.append(
-        _command_part(
-            "lint (ruff, ruff-format, mypy, typos, SPDX)",
-            [python, "-m", *LINT],
-            tool_env,
-        )
-    )
-    for base in bases:
-        parts.append(_upstream_part(pythons[base.version], base))
-    return _summarize(parts)
+Job = tuple[Part, Callable[[Part], None]]
 
 
-def _upstream_part(python: Path, base: Base) -> Part:
-    """The series on the base's real release source: `git am -3`, then
-    upstream's own tethering and SPDX hooks on the files it changes."""
-    part = Part(f"{base.version}: upstream gates (release source)")
+def _run_part(job: Job, lock: threading.Lock) -> Part:
+    part, work = job
+    part.log = log_path(part.name)
+    part.log.parent.mkdir(parents=True, exist_ok=True)
+    part.log.write_text("")
+    with lock:
+        print(f"--- start  {part.name}  (log: {part.log})", flush=True)
     start = time.monotonic()
-    print(f"\n=== {part.name}", flush=True)
-    changed = sorted(apply.touched_files(load_series(base.patches)))
-    with tempfile.TemporaryDirectory() as tmp:
-        clone = upstream.scratch_clone(Path(tmp), base)
-        commands = [
-            [
-                sys.executable,
-                str(paths.REPO / "scripts" / "patchset"),
-                "apply",
-                "--base",
-                base.version,
-                "--vllm-src",
-                str(clone),
-            ],
-            [
-                str(python),
-                "tools/pre_commit/check_spdx_header.py",
-                *[c for c in changed if c.endswith(".py")],
-            ],
-        ]
-        for command in commands:
-            rc = subprocess.run(command, cwd=clone).returncode
-            if rc:
-                part.problems.append(f"exited {rc}: {' '.join(command[-3:])}")
-    part.passed, part.failed = (0, 1) if part.problems else (1, 0)
+    try:
+        work(part)
+    except Exception as exc:  # a crash is that part's failure, not the run's
+        part.failed += 1
+        part.problems.append(f"{type(exc).__name__}: {exc}")
     part.seconds = time.monotonic() - start
+    with lock:
+        state = "ok" if part.ok else "FAILED"
+        print(f"--- {state:6} {part.name}  ({part.seconds:.0f} s)", flush=True)
     return part
 
 
-def _summarize(parts: list[Part]) -> int:
+def run_tests(bases: list[Base], jobs: int = 2) -> int:
+    """Run every part for `bases` (the first one also runs the tool's own
+    tests, the lint and upstream's checks), `jobs` parts at a time; print
+    the summary table; 0 only if all pass."""
+    start = time.monotonic()
+    pythons = {b.version: envmgr.setup(b) for b in bases}
+    for base in bases:
+        runner.ensure_patched_tree(base)
+    upstream.release_history()  # fetched once, before parts share it
+    first = bases[0]
+    python = pythons[first.version]
+    tool_env = runner.tree_env(python, first, pristine=True)
+    tool = [sys.executable, str(paths.REPO / "scripts" / "patchset")]
+
+    def command(argv: list[str]) -> Callable[[Part], None]:
+        return lambda part: part.count(_run_logged(part, argv, paths.REPO, tool_env))
+
+    # Longest first, so that the short parts fill the gaps at the end.
+    work: list[Job] = [
+        (
+            Part("machinery tests (tests/patchset)"),
+            lambda part: tool_tests(part, python, tool_env, workers=jobs),
+        )
+    ]
+    for base in bases:
+        for patched in (True, False):
+            tree = "patched" if patched else "pristine"
+            work.append(
+                (
+                    Part(f"{base.version}: model tests, {tree} source"),
+                    partial(
+                        model_tests,
+                        python=pythons[base.version],
+                        base=base,
+                        patched=patched,
+                    ),
+                )
+            )
+    work.append(
+        (
+            Part("lint (ruff, ruff-format, mypy, typos)"),
+            command([str(python), "-m", "patchset_tool.lint"]),
+        )
+    )
+    work.append(
+        (
+            Part("upstream checks (tethering, SPDX)"),
+            command([*tool, "upstream-checks", "--base", first.version]),
+        )
+    )
+    for base in bases:
+        work.append(
+            (
+                Part(f"{base.version}: upstream gates (release source)"),
+                partial(upstream_gates, python=pythons[base.version], base=base),
+            )
+        )
+    parts = [_check_part()]
+    lock = threading.Lock()
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        parts += list(pool.map(lambda job: _run_part(job, lock), work))
+    return _summarize(parts, time.monotonic() - start)
+
+
+def _log_tail(log: Path) -> str:
+    lines = log.read_text(errors="replace").splitlines()
+    return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+def _summarize(parts: list[Part], wall: float) -> int:
+    for part in parts:
+        if not part.ok and part.log is not None:
+            print(f"\n=== {part.name}: last lines of {part.log}")
+            print(_log_tail(part.log))
     print("\n" + "=" * 78)
     print(f"{'part':48} {'passed':>7} {'failed':>7} {'skipped':>7} {'seconds':>8}")
     for part in parts:
@@ -242,5 +281,8 @@ def _summarize(parts: list[Part]) -> int:
         for problem in part.problems:
             print(f"FAILED {part.name}: {problem}")
     bad = [p for p in parts if not p.ok]
-    print(f"parts: {len(parts) - len(bad)} passed, {len(bad)} failed")
+    print(
+        f"parts: {len(parts) - len(bad)} passed, {len(bad)} failed; "
+        f"{wall:.0f} s wall clock (parts side by side, so seconds add up to more)"
+    )
     return 1 if bad else 0

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from . import apply, check, gitutil, paths, upstream
 from .bases import Base
+from .distinfo import record_digest
 from .errors import PatchsetError
 from .gitutil import git
-from .pristine import file_digest
 from .series import Patch, load_series
 
 BASE_TAG = "patchset-base"
@@ -64,7 +64,9 @@ def _prove_source_is_the_wheel(work: Path, base: Base, patches: list[Patch]) -> 
     installed wheel's (RECORD), so that patches made here apply there."""
     install = apply.default_install(base)
     base_files = apply.check_base(install, patches)
-    drifted = [f for f in base_files if file_digest(work / f) != install.record.get(f)]
+    drifted = [
+        f for f in base_files if record_digest(work / f) != install.record.get(f)
+    ]
     if drifted:
         raise PatchsetError(
             f"the vLLM {base.version} source differs from the installed "

@@ -25,7 +25,7 @@ from projectkit import (  # noqa: E402
 )
 
 from patchset_tool import bases, envmgr, paths  # noqa: E402
-from patchset_tool.pristine import find_install  # noqa: E402
+from patchset_tool.distinfo import find_base_install  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +39,7 @@ def installed_version(primary_base: bases.Base) -> str:
     """The vLLM version installed in the primary base's environment."""
     python = envmgr.env_python(primary_base)
     assert python is not None
-    return find_install(envmgr.site_packages(python), primary_base).version
+    return find_base_install(envmgr.site_packages(python), primary_base).version
 
 
 @pytest.fixture(scope="session")

@@ -218,26 +218,12 @@ def two_patches() -> list[tuple[str, dict[str, Edit]]]:
     ]
 
 
-# TODO(lead): the 0.34.0 series is being ported (patches/0.34.0/ does not
-# exist yet). Until it lands, the tests that run the real reports and the
-# real tethering check leave out a base listed here while it has no series.
-# Remove "0.34.0" from this set once patches/0.34.0/series is committed, and
-# confirm the expected layer counts and capacity figures hold on 0.34.0.
-PORT_IN_PROGRESS = {"0.34.0"}
-
-
 def declared_versions() -> list[str]:
-    """This repository's declared bases that the tests of the real series
-    run on: every base with a series, and every base without one that is
-    not listed in PORT_IN_PROGRESS (its tests then fail: see
-    `require_series`)."""
+    """This repository's declared bases: the tests of the real series run
+    on each (one without a series fails them: see `require_series`)."""
     from patchset_tool import bases
 
-    return [
-        b.version
-        for b in bases.load_bases()
-        if b.series_file.exists() or b.version not in PORT_IN_PROGRESS
-    ]
+    return [b.version for b in bases.load_bases()]
 
 
 def require_series(version: str) -> None:
@@ -254,3 +240,31 @@ def require_series(version: str) -> None:
             f"not exist: port the series (`scripts/patchset rebase --onto "
             f"{version}`) or remove the base from bases.toml"
         )
+
+
+def report_batch(
+    command: str, version: str, pristine: bool, cases: list[list[str]]
+) -> list[dict]:
+    """`scripts/patchset COMMAND --base VERSION [--pristine] --batch FILE` on
+    this repository: one process (one vLLM import) prints one JSON report
+    per argument list in `cases`, in order."""
+    import json
+    import tempfile
+
+    require_series(version)
+    tree = ["--base", version] + (["--pristine"] if pristine else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        batch = Path(tmp) / "cases.json"
+        batch.write_text(json.dumps(cases))
+        result = subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "patchset"), command, *tree]
+            + ["--batch", str(batch)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    reports = [json.loads(x) for x in result.stdout.splitlines() if x.startswith("{")]
+    assert len(reports) == len(cases), result.stdout[-2000:]
+    return reports

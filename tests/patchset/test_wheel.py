@@ -22,9 +22,11 @@ from pathlib import Path
 import pytest
 from projectkit import REPO
 
-from patchset_tool import envmgr, sourcetree, wheel
+from patchset_tool import apply, envmgr, sourcetree, wheel
 from patchset_tool.bases import Base, load_bases
-from patchset_tool.installed import find_vllm, purelib, record_digest
+from patchset_tool.distinfo import find_vllm, record_digest
+from patchset_tool.installed import purelib
+from patchset_tool.runner import vllm_cache_root
 from patchset_tool.series import load_series
 from patchset_tool.upstream import scratch_clone
 
@@ -59,7 +61,16 @@ def zip_record(archive: zipfile.ZipFile, dist_info: str) -> dict[str, list[str]]
     return {row[0]: row[1:] for row in csv.reader(io.StringIO(text))}
 
 
-@pytest.fixture(scope="module", params=BASES, ids=lambda b: b.version)
+@pytest.fixture(
+    scope="module",
+    params=[
+        # One base's tests share its wheel and venv: keep them on one worker.
+        pytest.param(
+            b, id=b.version, marks=pytest.mark.xdist_group(f"wheel-{b.version}")
+        )
+        for b in BASES
+    ],
+)
 def base(request: pytest.FixtureRequest) -> Base:
     return request.param
 
@@ -131,7 +142,7 @@ def test_wheel_is_upstream_plus_the_series(
         for name, (digest, size) in record.items():
             data = out.read(name)
             assert (record_hash(data), str(len(data))) == (digest, size), name
-        changed = set(wheel.apply.touched_files(patches))
+        changed = set(apply.touched_files(patches))
         upstream_record = zip_record(up, old)
         for name, row in record.items():
             if name in changed:
@@ -202,7 +213,11 @@ def upstream_tests(base: Base, tmp_path: Path) -> Path:
 def test_model_tests_pass_against_the_installed_wheel(
     base: Base, venv: Path, upstream_tests: Path
 ) -> None:
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    env = {
+        **os.environ,
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CACHE_ROOT": vllm_cache_root(f"{base.version}-wheel"),
+    }
     env.pop("PYTHONPATH", None)
     where = subprocess.run(
         [str(venv), "-c", "import vllm; print(vllm.__file__)"],
@@ -225,7 +240,7 @@ def test_model_tests_pass_against_the_installed_wheel(
 
 
 def test_verify_install_names_a_drifted_file(base: Base, venv: Path) -> None:
-    touched = wheel.apply.touched_files(load_series(base.patches))
+    touched = apply.touched_files(load_series(base.patches))
     patched = next(p for p in touched if p.startswith("vllm/"))
     path = purelib(venv) / patched
     original = path.read_bytes()
@@ -299,7 +314,7 @@ def small_wheel(upstream: Path, base: Base, drift: str) -> bytes:
     """The upstream wheel cut down to what the build reads (the files the
     series touches, _version.py, the dist-info), with one byte of `drift`
     flipped while RECORD keeps the upstream sha256."""
-    keep = set(wheel.apply.touched_files(load_series(base.patches)))
+    keep = set(apply.touched_files(load_series(base.patches)))
     keep.add("vllm/_version.py")
     buffer = io.BytesIO()
     with zipfile.ZipFile(upstream) as up, zipfile.ZipFile(buffer, "w") as out:
@@ -316,9 +331,7 @@ def test_drifted_base_file_is_named(
     base: Base, upstream: wheel.UpstreamWheel, tmp_path: Path
 ) -> None:
     patches = load_series(base.patches)
-    drift = next(
-        p for p, existed in wheel.apply.touched_files(patches).items() if existed
-    )
+    drift = next(p for p, existed in apply.touched_files(patches).items() if existed)
     data = small_wheel(upstream.path, base, drift)
     cache = cache_with(tmp_path, base, data, hashlib.sha256(data).hexdigest())
     dist = tmp_path / "dist"
