@@ -104,17 +104,23 @@ def _typos(repo: Path, python: str, targets: list[str]) -> Result:
 def _mypy(
     repo: Path, python: str, overlays: list[tuple[Path, Path]], require_tree: bool
 ) -> Result:
-    base = [
-        python,
-        "-m",
-        "mypy",
-        "--python-version",
-        PYTHON_VERSION,
-        "--config-file",
-        str(repo / "pyproject.toml"),
-        "--cache-dir",
-        str(repo / "build" / "mypy-cache"),
-    ]
+    def base(group: str) -> list[str]:
+        """The mypy command with the group's own cache: groups sharing one would
+        overwrite each other's entries (each base's tree has its own `vllm`,
+        and the options differ), leaving every run cold."""
+        cache = repo / "build" / "mypy-cache" / group
+        return [
+            python,
+            "-m",
+            "mypy",
+            "--python-version",
+            PYTHON_VERSION,
+            "--config-file",
+            str(repo / "pyproject.toml"),
+            "--cache-dir",
+            str(cache),
+        ]
+
     outputs: list[str] = []
     ok = True
 
@@ -138,10 +144,14 @@ def _mypy(
             # The series' tests are checked as upstream checks tests/.
             code = [f for f in files if f.startswith("vllm/")]
             tests = [f for f in files if not f.startswith("vllm/")]
-            for group, extra in ((code, []), (tests, ["--follow-imports", "skip"])):
+            for name, group, extra in (
+                ("code", code, []),
+                ("tests", tests, ["--follow-imports", "skip"]),
+            ):
                 if group:
+                    cache = f"{overlay.name}-{name}"
                     good, text = _run(
-                        [*base, "--no-site-packages", *extra, *group], tree
+                        [*base(cache), "--no-site-packages", *extra, *group], tree
                     )
                     ok &= good
                     outputs.append(text)
@@ -161,13 +171,15 @@ def _mypy(
             ]
         ]
         if targets:
-            good, text = _run([*base, "--explicit-package-bases", *targets], repo, env)
+            good, text = _run(
+                [*base("scripts"), "--explicit-package-bases", *targets], repo, env
+            )
             ok &= good
             outputs.append(text)
 
     if _python_files(repo / "tests"):
         good, text = _run(
-            [*base, "--explicit-package-bases", "tests"],
+            [*base("tests"), "--explicit-package-bases", "tests"],
             repo,
             {**os.environ, "MYPYPATH": str(scripts)},
         )
