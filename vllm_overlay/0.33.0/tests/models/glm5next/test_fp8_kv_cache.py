@@ -257,7 +257,7 @@ def _v1_drafter_config(vllm_config):
     return SpecDecodeBaseProposer._create_draft_vllm_config(proposer)  # type: ignore[arg-type]
 
 
-def _layer_selection(vllm_config, model_config, messages: list[str]) -> str:
+def _layer_selection(vllm_config, model_config, notes: dict[str, Any]) -> str:
     """`BACKEND/kv_cache_dtype` of one attention layer of `model_config`, as
     its attention layer's constructor resolves it."""
     import torch
@@ -287,7 +287,7 @@ def _layer_selection(vllm_config, model_config, messages: list[str]) -> str:
                 num_heads=text_config.num_attention_heads,
             )
     except Exception as e:  # noqa: BLE001 - the selection's verdict
-        messages.append(str(e))
+        notes["error"] = str(e)
         return f"error: {type(e).__name__}"
     if use_mla:
         kv_cache_dtype = _canonicalize_sparse_mla_kv_cache_dtype(
@@ -297,7 +297,7 @@ def _layer_selection(vllm_config, model_config, messages: list[str]) -> str:
 
 
 def _resolve_case(
-    case: dict[str, Any], model_dirs: dict[str, str], messages: list[str]
+    case: dict[str, Any], model_dirs: dict[str, str], notes: dict[str, Any]
 ) -> dict[str, str]:
     from vllm.engine.arg_utils import EngineArgs
 
@@ -317,12 +317,12 @@ def _resolve_case(
             speculative_config=spec,
         ).create_engine_config()
     except Exception as e:  # noqa: BLE001 - the configuration's verdict
-        messages.append(str(e))
+        notes["error"] = str(e)
         return {"config": f"error: {type(e).__name__}"}
-    target = _layer_selection(vllm_config, vllm_config.model_config, messages)
+    target = _layer_selection(vllm_config, vllm_config.model_config, notes)
     result = {"target": target}
     if target.endswith("/fp8_ds_mla"):
-        messages.append(f"row bytes: {_mla_row_bytes(vllm_config, target)}")
+        notes["row_bytes"] = _mla_row_bytes(vllm_config, target)
     if vllm_config.speculative_config is not None:
         draft_model_config = vllm_config.speculative_config.draft_model_config
         for layer, derive in (
@@ -330,7 +330,7 @@ def _resolve_case(
             ("drafter_v1", _v1_drafter_config),
         ):
             result[layer] = _layer_selection(
-                derive(vllm_config), draft_model_config, messages
+                derive(vllm_config), draft_model_config, notes
             )
     return result
 
@@ -382,7 +382,7 @@ def _init_single_process_groups() -> None:
 
 
 def _resolve_cases(model_dirs: dict[str, str]) -> dict[str, Any]:
-    """Each case's selections; the last error message and the target's
+    """Each case's selections; its last error message and the target's
     fp8_ds_mla row bytes, where there are."""
     try:
         ctypes.CDLL("libcuda.so.1", mode=os.RTLD_GLOBAL)
@@ -392,13 +392,12 @@ def _resolve_cases(model_dirs: dict[str, str]) -> dict[str, Any]:
     _init_single_process_groups()
     results: dict[str, Any] = {"cases": {}, "errors": {}, "row_bytes": {}}
     for case_id, case in CASES.items():
-        notes: list[str] = []
+        notes: dict[str, Any] = {}
         results["cases"][case_id] = _resolve_case(case, model_dirs, notes)
-        for note in notes:
-            if note.startswith("row bytes: "):
-                results["row_bytes"][case_id] = int(note.removeprefix("row bytes: "))
-            else:
-                results["errors"][case_id] = note
+        if "error" in notes:
+            results["errors"][case_id] = notes["error"]
+        if "row_bytes" in notes:
+            results["row_bytes"][case_id] = notes["row_bytes"]
     return results
 
 
