@@ -24,6 +24,8 @@ built here.
 `fp8_kv_cache_base_selections.json` records what the pristine release selects
 for every case (`python test_fp8_kv_cache.py record`, run against it): each
 case must select the same per layer, except the cases `intended_change` names.
+The worker resolves only the cases the run collected, so one case chosen by
+node id or `-k` takes seconds, not the whole matrix.
 """
 
 import contextlib
@@ -44,6 +46,10 @@ NOPE_DIM = 512
 ROPE_DIM = 64
 NUM_TILES = NOPE_DIM // 128
 ROW_BYTES = NOPE_DIM + NUM_TILES * 4 + ROPE_DIM * 2
+
+# The tests only read the worker's results, so they skip upstream's per-test
+# cleanup: its full gc.collect adds about a second to each of ~390 tests.
+pytestmark = pytest.mark.skip_global_cleanup
 
 BASE_SELECTIONS = Path(__file__).with_name("fp8_kv_cache_base_selections.json")
 
@@ -381,7 +387,7 @@ def _init_single_process_groups() -> None:
         initialize_model_parallel(1, 1)
 
 
-def _resolve_cases(model_dirs: dict[str, str]) -> dict[str, Any]:
+def _resolve_cases(model_dirs: dict[str, str], case_ids: list[str]) -> dict[str, Any]:
     """Each case's selections; its last error message and the target's
     fp8_ds_mla row bytes, where there are."""
     try:
@@ -391,9 +397,9 @@ def _resolve_cases(model_dirs: dict[str, str]) -> dict[str, Any]:
     _use_mocked_cuda_platform(*CAPABILITIES["sm90"])
     _init_single_process_groups()
     results: dict[str, Any] = {"cases": {}, "errors": {}, "row_bytes": {}}
-    for case_id, case in CASES.items():
+    for case_id in case_ids:
         notes: dict[str, Any] = {}
-        results["cases"][case_id] = _resolve_case(case, model_dirs, notes)
+        results["cases"][case_id] = _resolve_case(CASES[case_id], model_dirs, notes)
         if "error" in notes:
             results["errors"][case_id] = notes["error"]
         if "row_bytes" in notes:
@@ -438,16 +444,16 @@ def _model_dirs(root: Path, glm5_flash_config: dict[str, Any]) -> dict[str, str]
 
 
 def _run_worker(
-    tmp_dir: Path, glm5_flash_config: dict[str, Any], *args: str
+    tmp_dir: Path, glm5_flash_config: dict[str, Any], case_ids: list[str]
 ) -> dict[str, Any]:
-    """Resolve every case in a fresh interpreter (the mocked CUDA platform
+    """Resolve `case_ids` in a fresh interpreter (the mocked CUDA platform
     must not leak into other tests)."""
-    # An empty device list keeps vLLM from disabling Triton for want of a
-    # driver, so Model Runner V2's modules import on a CPU-only host.
     env = os.environ | _load_libcuda_or_stub(tmp_dir) | {"CUDA_VISIBLE_DEVICES": ""}
+    request = tmp_dir / "request.json"
     model_dirs = _model_dirs(tmp_dir, glm5_flash_config)
+    request.write_text(json.dumps({"model_dirs": model_dirs, "case_ids": case_ids}))
     proc = subprocess.run(
-        [sys.executable, __file__, json.dumps(model_dirs), *args],
+        [sys.executable, __file__, str(request)],
         env=env,
         capture_output=True,
         text=True,
@@ -458,11 +464,29 @@ def _run_worker(
     return json.loads(lines[-1].removeprefix("RESULTS "))
 
 
+def _selected_case_ids(request: pytest.FixtureRequest) -> list[str]:
+    """The cases that this module's collected tests read: every case in a
+    full run, only the chosen ones under `-k` or a node id."""
+    chosen = {
+        item.callspec.params["case_id"]
+        for item in request.session.items
+        if item.module is request.module
+        and "case_id" in getattr(getattr(item, "callspec", None), "params", {})
+    }
+    return [case_id for case_id in CASES if case_id in chosen]
+
+
 @pytest.fixture(scope="module")
 def selections(
-    tmp_path_factory: pytest.TempPathFactory, glm5_flash_config: dict[str, Any]
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    glm5_flash_config: dict[str, Any],
 ) -> dict[str, Any]:
-    return _run_worker(tmp_path_factory.mktemp("fp8_kv_cache"), glm5_flash_config)
+    return _run_worker(
+        tmp_path_factory.mktemp("fp8_kv_cache"),
+        glm5_flash_config,
+        _selected_case_ids(request),
+    )
 
 
 @pytest.mark.parametrize("case_id", list(CASES))
@@ -489,10 +513,13 @@ def test_fp8_ds_mla_row_bytes(selections: dict[str, Any], case_id: str) -> None:
     assert selections["row_bytes"][case_id] == ROW_BYTES
 
 
-def test_mixed_backends_error_says_what_to_choose(selections: dict[str, Any]) -> None:
-    message = selections["errors"][
-        _case_id("sm90", GLM, "fp8", FLASHMLA, f"mtp_backend={FI_SM90}")
-    ]
+@pytest.mark.parametrize(
+    "case_id", [_case_id("sm90", GLM, "fp8", FLASHMLA, f"mtp_backend={FI_SM90}")]
+)
+def test_mixed_backends_error_says_what_to_choose(
+    selections: dict[str, Any], case_id: str
+) -> None:
+    message = selections["errors"][case_id]
     assert f"Choose {FLASHMLA} for both" in message
 
 
@@ -518,7 +545,7 @@ def _record() -> None:
         config = json.loads(
             Path(__file__).with_name("glm-5.3-flash-config.json").read_text()
         )
-        results = _run_worker(Path(tmp), config)
+        results = _run_worker(Path(tmp), config, list(CASES))
     lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in results["cases"].items()]
     BASE_SELECTIONS.write_text("{\n" + ",\n".join(lines) + "\n}\n")
 
@@ -527,4 +554,5 @@ if __name__ == "__main__":
     if sys.argv[1] == "record":
         _record()
     else:
-        print("RESULTS " + json.dumps(_resolve_cases(json.loads(sys.argv[1]))))
+        request = json.loads(Path(sys.argv[1]).read_text())
+        print("RESULTS " + json.dumps(_resolve_cases(**request)))

@@ -19,7 +19,12 @@ from vllm.models.glm5next.common.model import (
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import set_default_torch_dtype
 
-pytestmark = pytest.mark.usefixtures("distributed", "gpu_stubs")
+# dist_init (under `distributed`) already tears down the process group and
+# collects garbage after each test; upstream's global cleanup would repeat it.
+pytestmark = [
+    pytest.mark.usefixtures("distributed", "gpu_stubs"),
+    pytest.mark.skip_global_cleanup,
+]
 
 # The all-196 regex of the recommended configuration.
 TARGETS = {
