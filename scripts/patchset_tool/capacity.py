@@ -74,7 +74,7 @@ def load_fp8_kv_cache_tests() -> ModuleType:
 def load_cuda_driver(tests: ModuleType, tmp_dir: Path) -> None:
     """Load libcuda.so.1, or build and load the three-symbol stub, so that
     vllm.platforms.cuda imports without a GPU."""
-    env = tests._load_libcuda_or_stub(tmp_dir)
+    env = tests.libcuda_stub_env(tmp_dir)
     library = env.get("GLM5NEXT_TEST_LIBCUDA_STUB", "libcuda.so.1")
     ctypes.CDLL(library, mode=os.RTLD_GLOBAL)
 
@@ -85,7 +85,7 @@ def sm90_platform(tests: ModuleType) -> Iterator[None]:
     import vllm.platforms as platforms
 
     old = platforms.current_platform
-    tests._use_mocked_cuda_platform(*SM90)
+    tests.use_mocked_cuda_platform(*SM90)
     new = platforms.current_platform
     try:
         yield
@@ -138,7 +138,7 @@ def gpu_less_impl(real_impl: type, conftest: ModuleType) -> type:
     row_bytes = getattr(real_impl, "get_fp8_ds_mla_row_bytes", None)
     if row_bytes is not None:
         attrs["get_fp8_ds_mla_row_bytes"] = row_bytes
-    return type(real_impl.__name__, (conftest._NoGpuSparseMLAImpl,), attrs)
+    return type(real_impl.__name__, (conftest.NoGpuSparseMLAImpl,), attrs)
 
 
 def mla_backend_stub(tests: ModuleType, conftest: ModuleType) -> Any:

@@ -99,7 +99,7 @@ def stub_nvfp4_kernels(mp: Any, conftest: ModuleType) -> None:
     mp.setattr(
         modelopt,
         "init_nvfp4_linear_kernel",
-        lambda *a, **k: conftest._NoGpuLinearKernel(),
+        lambda *a, **k: conftest.NoGpuLinearKernel(),
     )
     mp.setattr(
         modelopt,

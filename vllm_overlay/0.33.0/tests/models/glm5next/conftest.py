@@ -92,7 +92,7 @@ def create_vllm_config(
         return engine_args.create_engine_config()
 
 
-class _NoGpuLinearKernel:
+class NoGpuLinearKernel:
     """Stands in for a GPU GEMM kernel: weights are left as the quant method
     made them, and the layer cannot run."""
 
@@ -106,7 +106,7 @@ class _NoGpuLinearKernel:
         raise NotImplementedError("GEMM kernels need a GPU")
 
 
-class _NoGpuSparseMLAImpl:
+class NoGpuSparseMLAImpl:
     is_sparse = True
     supports_dense_mha_prefill = False
     dcp_world_size = 1
@@ -126,8 +126,8 @@ class _NoGpuSparseMLABackend:
         return True
 
     @staticmethod
-    def get_impl_cls() -> type[_NoGpuSparseMLAImpl]:
-        return _NoGpuSparseMLAImpl
+    def get_impl_cls() -> type[NoGpuSparseMLAImpl]:
+        return NoGpuSparseMLAImpl
 
 
 def stub_gpu_only_parts(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,7 +144,7 @@ def stub_gpu_only_parts(monkeypatch: pytest.MonkeyPatch) -> None:
         module = importlib.import_module(module_name)
         for name in dir(module):
             if name.startswith("init_") and name.endswith("_linear_kernel"):
-                monkeypatch.setattr(module, name, lambda *a, **k: _NoGpuLinearKernel())
+                monkeypatch.setattr(module, name, lambda *a, **k: NoGpuLinearKernel())
 
 
 @pytest.fixture

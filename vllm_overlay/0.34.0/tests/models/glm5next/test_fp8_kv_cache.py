@@ -201,7 +201,7 @@ def _write_model_dir(root: Path, model: str, config: dict[str, Any]) -> Path:
 # --------------------------------------------------------------------------
 
 
-def _use_mocked_cuda_platform(major: int, minor: int) -> None:
+def use_mocked_cuda_platform(major: int, minor: int) -> None:
     """Make vLLM's CUDA platform current, reporting the given capability."""
     import vllm.platforms as platforms
     from vllm.platforms.cuda import CudaPlatform
@@ -291,7 +291,7 @@ def _resolve_case(
 ) -> dict[str, str]:
     from vllm.engine.arg_utils import EngineArgs
 
-    _use_mocked_cuda_platform(*case["capability"])
+    use_mocked_cuda_platform(*case["capability"])
     spec = case["speculative_config"]
     if spec is not None and "model" in spec:
         spec = spec | {"model": model_dirs[spec["model"]]}
@@ -383,7 +383,7 @@ def _resolve_cases(model_dirs: dict[str, str], case_ids: list[str]) -> dict[str,
         ctypes.CDLL("libcuda.so.1", mode=os.RTLD_GLOBAL)
     except OSError:
         ctypes.CDLL(os.environ["GLM5NEXT_TEST_LIBCUDA_STUB"], mode=os.RTLD_GLOBAL)
-    _use_mocked_cuda_platform(*CAPABILITIES["sm90"])
+    use_mocked_cuda_platform(*CAPABILITIES["sm90"])
     _init_single_process_groups()
     results: dict[str, Any] = {"cases": {}, "errors": {}, "row_bytes": {}}
     for case_id in case_ids:
@@ -401,7 +401,7 @@ def _resolve_cases(model_dirs: dict[str, str], case_ids: list[str]) -> dict[str,
 # --------------------------------------------------------------------------
 
 
-def _load_libcuda_or_stub(tmp_dir: Path) -> dict[str, str]:
+def libcuda_stub_env(tmp_dir: Path) -> dict[str, str]:
     """Environment for the worker: nothing if the driver is present, else the
     path of a stub built here."""
     try:
@@ -437,7 +437,7 @@ def _run_worker(
 ) -> dict[str, Any]:
     """Resolve `case_ids` in a fresh interpreter (the mocked CUDA platform
     must not leak into other tests)."""
-    env = os.environ | _load_libcuda_or_stub(tmp_dir)
+    env = os.environ | libcuda_stub_env(tmp_dir)
     request = tmp_dir / "request.json"
     model_dirs = _model_dirs(tmp_dir, glm5_flash_config)
     request.write_text(json.dumps({"model_dirs": model_dirs, "case_ids": case_ids}))
