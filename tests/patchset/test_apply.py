@@ -37,7 +37,7 @@ def test_apply_materializes_the_patched_copy(
     assert "applied 2 patches, 4 files, " in result.stdout
     assert "2 base files match RECORD" in result.stdout
     patched = project.patched / "vllm"
-    assert (patched / "models/glm5next/probe.py").read_text().endswith("ANSWER = 42\n")
+    assert (project.patched / PROBE).read_text().endswith("ANSWER = 42\n")
     assert (
         (patched / "models/glm5next/__init__.py")
         .read_text()
@@ -222,24 +222,18 @@ def test_overlay_that_disagrees_is_named(project: Project, series: Path) -> None
 def test_run_reaches_either_tree(
     project: Project, series: Path, pristine_site: Path
 ) -> None:
-    probe = [
-        "run",
-        "--",
-        "python",
-        "-c",
-        "import os, vllm; print(vllm.__file__, os.environ['VLLM_TARGET_DEVICE'])",
-    ]
-    patched = project.patchset(*probe)
+    # Where `import vllm` would load it from, without importing it (seconds).
+    where = "import os, importlib.util as u; print(u.find_spec('vllm').origin, "
+    where += "os.environ['VLLM_TARGET_DEVICE'])"
+    patched = project.patchset("run", "--", "python", "-c", where)
     assert patched.returncode == 0, patched.stderr
     assert patched.stdout.splitlines()[-1].split() == [
         str(project.patched / "vllm" / "__init__.py"),
         "cpu",
     ]
-    base = project.patchset(
-        "run", "--pristine", "--", "python", "-c", "import vllm; print(vllm.__file__)"
-    )
+    base = project.patchset("run", "--pristine", "--", "python", "-c", where)
     assert base.returncode == 0, base.stderr
-    assert "site-packages/vllm/__init__.py" in base.stdout
+    assert "site-packages/vllm/__init__.py cpu" in base.stdout
 
 
 def test_env_without_environment_says_so(project: Project, tmp_path: Path) -> None:

@@ -234,7 +234,11 @@ def test_model_tests_pass_against_the_installed_wheel(
     }
     env.pop("PYTHONPATH", None)
     where = subprocess.run(
-        [str(venv), "-c", "import vllm; print(vllm.__file__)"],
+        [
+            str(venv),
+            "-c",
+            "import importlib.util as u; print(u.find_spec('vllm').origin)",
+        ],
         env=env,
         capture_output=True,
         text=True,
