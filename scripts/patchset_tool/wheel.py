@@ -9,7 +9,8 @@ the cache. The series is applied to the Python files it touches with the
 same checks as `apply`: every base file must match the upstream wheel's
 RECORD, the patches apply all or nothing, and the result must equal the
 base's overlay. Every other member, compiled extensions included, is
-copied byte for byte; the WHEEL file and the platform tags are kept.
+copied byte for byte, still compressed (see zipcopy.py); the WHEEL file and
+the platform tags are kept.
 
 The result is vLLM `<base>+glm5next.<series id>`: the dist-info folder is
 renamed to match, METADATA changes only in its `Version:` line (the
@@ -37,11 +38,13 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from . import apply, paths
 from .bases import Base, get_base
 from .errors import PatchsetError
 from .series import Patch, load_series
+from .zipcopy import ZipCopier
 
 WHEEL_TAGS = "cp38-abi3-manylinux_2_28_x86_64"
 # pip's spelling of those tags, so the wheel is found from any host
@@ -58,7 +61,6 @@ LOCAL_LABEL = "glm5next"
 SHORT_ID_LENGTH = 10
 SERIES_FILE = "vllm/glm5next_series.json"
 PARTIAL_SUFFIX = ".partial"
-CHUNK = 1 << 20
 NEW_FILE_MODE = (stat.S_IFREG | 0o644) << 16
 
 
@@ -374,36 +376,40 @@ def _entry(name: str, like: zipfile.ZipInfo) -> zipfile.ZipInfo:
 
 
 class _WheelWriter:
-    """Writes zip entries and remembers the RECORD line of each."""
+    """Writes wheel members and remembers the RECORD line of each."""
 
-    def __init__(self, out: zipfile.ZipFile) -> None:
+    def __init__(self, out: ZipCopier, upstream_record: dict[str, str]) -> None:
         self.out = out
+        self.upstream_record = upstream_record
         self.record: list[tuple[str, str, str]] = []
 
     def write(self, info: zipfile.ZipInfo, data: bytes) -> None:
-        self.out.writestr(info, data)
+        self.out.add(info, data)
         digest = record_hash(hashlib.sha256(data).digest())
         self.record.append((info.filename, digest, str(len(data))))
 
-    def copy(self, source: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> None:
-        """Copy one member's bytes unchanged (its CRC checked on the way)."""
-        digest, size = hashlib.sha256(), 0
-        with source.open(info) as src, self.out.open(_entry(name, info), "w") as dst:
-            while chunk := src.read(CHUNK):
-                digest.update(chunk)
-                dst.write(chunk)
-                size += len(chunk)
-        self.record.append((name, record_hash(digest.digest()), str(size)))
+    def copy(
+        self, source: zipfile.ZipFile, raw: BinaryIO, info: zipfile.ZipInfo, name: str
+    ) -> None:
+        """Copy one member's compressed bytes unchanged (`raw`: the source
+        archive's file). Its RECORD hash is upstream's, whose wheel matched
+        the index's sha256; a member upstream lists without one is hashed."""
+        digest = self.upstream_record.get(info.filename)
+        if digest is None:
+            digest = record_hash(hashlib.sha256(source.read(info)).digest())
+        self.out.copy(raw, info, name)
+        self.record.append((name, digest, str(info.file_size)))
 
     def write_record(self, name: str, like: zipfile.ZipInfo) -> None:
         text = io.StringIO()
         writer = csv.writer(text, lineterminator="\n")
         writer.writerows([*self.record, (name, "", "")])
-        self.out.writestr(_entry(name, like), text.getvalue().encode())
+        self.out.add(_entry(name, like), text.getvalue().encode())
 
 
 def _write_wheel(
     source: zipfile.ZipFile,
+    raw: BinaryIO,
     target: Path,
     base: Base,
     version: str,
@@ -411,13 +417,14 @@ def _write_wheel(
 ) -> None:
     """Write the patched wheel to `target`: upstream's members in order
     with the series' files replaced, its new files and the series file
-    after them, then the renamed dist-info with RECORD last."""
+    after them, then the renamed dist-info with RECORD last. `raw` is the
+    upstream archive's file, whose members are copied still compressed."""
     old_dist = _dist_info(source, base)
     new_dist = f"vllm-{version}.dist-info"
     stamp = source.getinfo(f"{old_dist}/METADATA")
     dist_members = []
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as out:
-        wheel = _WheelWriter(out)
+    with open(target, "wb") as out:
+        wheel = _WheelWriter(ZipCopier(out), _wheel_record(source, old_dist))
         for info in source.infolist():
             if info.filename.startswith(old_dist + "/"):
                 dist_members.append(info)
@@ -425,7 +432,7 @@ def _write_wheel(
                 data = replaced[info.filename]
                 wheel.write(_entry(info.filename, info), data)
             else:
-                wheel.copy(source, info, info.filename)
+                wheel.copy(source, raw, info, info.filename)
         for name in sorted(set(replaced) - set(source.namelist())):
             wheel.write(_new_entry(name, stamp), replaced[name])
         for info in dist_members:
@@ -434,8 +441,9 @@ def _write_wheel(
                 data = metadata_with_version(source.read(info), version)
                 wheel.write(_entry(name, info), data)
             elif info.filename != f"{old_dist}/RECORD":
-                wheel.copy(source, info, name)
+                wheel.copy(source, raw, info, name)
         wheel.write_record(f"{new_dist}/RECORD", stamp)
+        wheel.out.close()
 
 
 def _new_entry(name: str, stamp: zipfile.ZipInfo) -> zipfile.ZipInfo:
@@ -510,7 +518,7 @@ def build_wheel(base: Base, upstream: UpstreamWheel, dist: Path) -> BuiltWheel:
         raise PatchsetError(f"{base.series_file}: the series is empty")
     require_sha256(upstream)
     version = wheel_version(base, patches)
-    with zipfile.ZipFile(upstream.path) as source:
+    with zipfile.ZipFile(upstream.path) as source, open(upstream.path, "rb") as raw:
         _require_commit(source, base)
         replaced = _patched_files(source, base, patches)
         replaced[SERIES_FILE] = series_manifest(base, patches)
@@ -519,7 +527,7 @@ def build_wheel(base: Base, upstream: UpstreamWheel, dist: Path) -> BuiltWheel:
         print(f"writing {target.name}", flush=True)
         _write_atomically(
             target,
-            lambda partial: _write_wheel(source, partial, base, version, replaced),
+            lambda partial: _write_wheel(source, raw, partial, base, version, replaced),
             upstream.path.stat().st_size,
         )
     return BuiltWheel(
