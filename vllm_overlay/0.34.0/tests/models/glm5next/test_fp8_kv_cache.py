@@ -456,12 +456,11 @@ def _run_worker(
 def _selected_case_ids(request: pytest.FixtureRequest) -> list[str]:
     """The cases that this module's collected tests read: every case in a
     full run, only the chosen ones under `-k` or a node id."""
-    chosen = {
-        item.callspec.params["case_id"]
-        for item in request.session.items
-        if item.module is request.module
-        and "case_id" in getattr(getattr(item, "callspec", None), "params", {})
-    }
+    chosen = set()
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if getattr(item, "module", None) is request.module and "case_id" in params:
+            chosen.add(params["case_id"])
     return [case_id for case_id in CASES if case_id in chosen]
 
 
