@@ -16,6 +16,7 @@ from . import (
     check,
     envmgr,
     export,
+    gitutil,
     gpu,
     installed,
     paths,
@@ -218,6 +219,7 @@ def cmd_gpu(args: argparse.Namespace) -> int:
             dest,
             cache_dir=paths.cache_root() / "gpu-xz",
             bench=BENCHMARK if args.bench else None,
+            beside=gitutil.working_tree_bytes(paths.REPO),
         )
     except ValueError as exc:
         raise PatchsetError(str(exc)) from exc

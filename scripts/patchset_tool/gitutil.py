@@ -40,6 +40,17 @@ def git(
     return proc
 
 
+def working_tree_bytes(repo: Path) -> int:
+    """The size of what a copy of `repo`'s working tree holds: its tracked
+    files and the untracked ones git does not ignore."""
+    listed = git(
+        "ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=repo
+    ).stdout.split("\0")
+    return sum(
+        (repo / name).stat().st_size for name in listed if (repo / name).is_file()
+    )
+
+
 def outside_repo_env(directory: Path) -> dict[str, str]:
     """Environment in which git does not discover a repository above
     `directory`, so `git apply` behaves like patch(1) there."""
