@@ -12,7 +12,8 @@ from a *stage*: those files copied out of an installed vLLM, with a stub
   tables and xz-compressed (the compression is cached by the file's sha256,
   since `_C_stable_libtorch` takes minutes),
   the Python files, the stub, the tests, a `pytest.ini` and, with `bench`, the
-  benchmark script. It refuses a stage larger than `CARRY_LIMIT`.
+  benchmark script. It refuses a stage that does not fit `CARRY_LIMIT`
+  together with the working tree.
 * `device_command` is the shell command that runs a stage on the GPU machine:
   unpack to /tmp, pytest (no conftest, no cache), then the benchmark, with
   the junit XML and the logs written to `$OUT`.
