@@ -366,12 +366,10 @@ def metadata_with_version(metadata: bytes, version: str) -> bytes:
 
 
 def _entry(name: str, like: zipfile.ZipInfo) -> zipfile.ZipInfo:
-    """A new zip entry named `name` with `like`'s date, mode and compression."""
+    """A new zip entry named `name` with `like`'s date and mode (ZipCopier
+    deflates it and sets its size and CRC)."""
     info = zipfile.ZipInfo(name, like.date_time)
     info.external_attr = like.external_attr
-    info.create_system = like.create_system
-    info.compress_type = zipfile.ZIP_DEFLATED
-    info.file_size = like.file_size
     return info
 
 

@@ -78,40 +78,15 @@ class ZipCopier:
         )
         needed = 20 if method == zipfile.ZIP_DEFLATED else 10
         time, date = _dos_time(info.date_time)
+        # The fields both headers share, in order (the last 0: no extra field).
         sizes = (info.CRC, packed_size, info.file_size)
-        self.out.write(
-            LOCAL_HEADER.pack(
-                LOCAL_SIGNATURE,
-                needed,
-                flags,
-                method,
-                time,
-                date,
-                *sizes,
-                len(encoded),
-                0,
-            )
-            + encoded
-        )
+        shared = (needed, flags, method, time, date, *sizes, len(encoded), 0)
+        self.out.write(LOCAL_HEADER.pack(LOCAL_SIGNATURE, *shared) + encoded)
+        made_by = UNIX << 8 | MADE_BY_VERSION
+        # No comment; disk 0; no internal attributes.
+        central = (*shared, 0, 0, 0, info.external_attr, offset)
         self.central.append(
-            CENTRAL_HEADER.pack(
-                CENTRAL_SIGNATURE,
-                UNIX << 8 | MADE_BY_VERSION,
-                needed,
-                flags,
-                method,
-                time,
-                date,
-                *sizes,
-                len(encoded),
-                0,
-                0,
-                0,
-                0,
-                info.external_attr,
-                offset,
-            )
-            + encoded
+            CENTRAL_HEADER.pack(CENTRAL_SIGNATURE, made_by, *central) + encoded
         )
 
     def close(self) -> None:
