@@ -18,6 +18,7 @@ from . import (
     export,
     gitutil,
     gpu,
+    gpu_flashinfer,
     installed,
     paths,
     runner,
@@ -212,6 +213,17 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     tests = gpu_test_files(base)
     if not tests:
         raise PatchsetError(f"{base.expected_skips}: names no GPU test to stage")
+    archives: tuple[Path, ...] = ()
+    if args.bench and base.primary:
+        python = envmgr.env_python(base)
+        assert python is not None
+        archives = (
+            gpu_flashinfer.archive(
+                envmgr.site_packages(python),
+                python,
+                paths.cache_root() / "gpu-flashinfer",
+            ),
+        )
     try:
         gpu.stage(
             base.patched_tree(),
@@ -219,6 +231,7 @@ def cmd_gpu(args: argparse.Namespace) -> int:
             dest,
             cache_dir=paths.cache_root() / "gpu-xz",
             bench=BENCHMARK if args.bench else None,
+            archives=archives,
             beside=gitutil.working_tree_bytes(paths.REPO),
         )
     except ValueError as exc:

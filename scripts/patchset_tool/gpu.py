@@ -62,7 +62,7 @@ __version__ = {version!r}
 
 XZ_PRESET = 9 | lzma.PRESET_EXTREME
 
-BENCH_SCRIPT = "bench_glm5_fp8_mla_decode.py"
+BENCH_SCRIPT = "bench_glm5_mla_kv_cache.py"
 
 OUT_FILES = ("junit.xml", "pytest.log", "bench.log", "bench.json", "device.txt")
 """What `device_command` writes into `$OUT` (the bench files with `bench`)."""
@@ -128,6 +128,7 @@ def stage(
     *,
     cache_dir: Path,
     bench: Path | None = None,
+    archives: tuple[Path, ...] = (),
     beside: int = 0,
 ) -> Path:
     """Write into `dest` what the GPU machine needs to run `tests`.
@@ -135,8 +136,9 @@ def stage(
     `site_packages` holds an installed vLLM (its `vllm/` folder); `dest` is
     emptied first. The stage holds `vllm/` (the `EXTENSIONS` as `.so.xz`, the
     `PYTHON_FILES`, a stub `__init__.py`), `tests/` (the given files),
-    `pytest.ini`, `bench/` (only if `bench`, the benchmark script, is given)
-    and `MANIFEST.json` (the vLLM version, each file's size and the total).
+    `pytest.ini`, `bench/` (only if `bench`, the benchmark script, is given),
+    the `archives` (`.tar.xz` files unpacked beside `vllm/` there) and
+    `MANIFEST.json` (the vLLM version, each file's size and the total).
     Compressed extensions come from `cache_dir` (see `xz_cached`).
 
     Returns `dest`. Raises FileNotFoundError for a missing input and
@@ -147,7 +149,7 @@ def stage(
     version = vllm_version(site_packages)
     sources = [pkg / name for name in EXTENSIONS]
     sources += [pkg / rel for rel in PYTHON_FILES]
-    sources += [*tests, *([bench] if bench else [])]
+    sources += [*tests, *([bench] if bench else []), *archives]
     for src in sources:
         if not src.is_file():
             raise FileNotFoundError(src)
@@ -170,6 +172,8 @@ def stage(
     if bench:
         (dest / "bench").mkdir()
         shutil.copyfile(bench, dest / "bench" / BENCH_SCRIPT)
+    for packed in archives:
+        shutil.copyfile(packed, dest / packed.name)
     (dest / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
 
     files = sorted(p for p in dest.rglob("*") if p.is_file())
@@ -187,8 +191,9 @@ def stage(
 
 
 _UNPACK = (
-    "import lzma,pathlib,sys;"
-    "[(p.with_suffix('').write_bytes(lzma.decompress(p.read_bytes())),p.unlink())"
+    "import lzma,pathlib,sys,tarfile;"
+    "[(tarfile.open(p).extractall(p.parent) if p.name.endswith('.tar.xz') else"
+    " p.with_suffix('').write_bytes(lzma.decompress(p.read_bytes())),p.unlink())"
     " for p in list(pathlib.Path(sys.argv[1]).rglob('*.xz'))]"
 )
 
@@ -198,7 +203,7 @@ def device_command(
     *,
     bench: bool = False,
     test_timeout_s: int = 300,
-    bench_timeout_s: int = 240,
+    bench_timeout_s: int = 420,
 ) -> str:
     """The shell command that runs the stage at `stage_rel` on the GPU machine.
 
@@ -218,7 +223,7 @@ def device_command(
         f"rm -rf $S && mkdir -p $S && cp -r {src} $S/",
         f'python3 -c "{_UNPACK}" $S || exit 90',
         "cd $S",
-        "export PYTHONPATH=$S PYTHONUNBUFFERED=1",
+        "export PYTHONPATH=$S PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fiws",
         (
             "(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader;"
             " python3 -c 'import torch;print(torch.__version__,torch.version.cuda)')"
