@@ -169,20 +169,41 @@ class Glm5NextModelConfig(VerifyAndUpdateConfig):
         return [backend for backend in pinned if backend is not None]
 
     @staticmethod
+    def _flashmla_fp8_supports_dcp(vllm_config: "VllmConfig") -> bool:
+        """Whether FlashMLA sparse can serve fp8_ds_mla rows under this
+        context parallelism: with DCP it runs fp8 rows only on its mixed-batch
+        path (fewer heads per rank than MIN_HEADS_FOR_BF16_PREFILL) or with
+        PCP, and raises only once the weights are loaded otherwise."""
+        from vllm.v1.attention.backends.mla.flashmla_sparse import (
+            MIN_HEADS_FOR_BF16_PREFILL,
+        )
+
+        parallel_config = vllm_config.parallel_config
+        if (
+            parallel_config.decode_context_parallel_size == 1
+            or parallel_config.prefill_context_parallel_size > 1
+        ):
+            return True
+        heads = vllm_config.model_config.get_num_attention_heads(parallel_config)
+        return heads < MIN_HEADS_FOR_BF16_PREFILL
+
+    @staticmethod
     def _use_fp8_ds_mla_on_sm90(vllm_config: "VllmConfig") -> None:
         """Give `--kv-cache-dtype fp8` on Hopper the meaning it has for 576-wide
         sparse MLA models, FlashMLA's fp8_ds_mla rows, when every MLA layer can
         store them: no backend chosen for the target or its MTP drafter
-        lacks fp8_ds_mla, such a drafter asks for no other cache dtype, and
-        there is no drafter of another architecture (its cache dtype could
-        only be kept through the speculative config, and setting that makes
-        vLLM rebuild the drafter's cache config with a user-chosen block size,
-        which changes its backend). Otherwise the request keeps FlashInfer's
-        per-tensor fp8, as on SM90 before, and as `fp8_e4m3` always selects.
+        lacks fp8_ds_mla, such a drafter asks for no other cache dtype,
+        FlashMLA can run the context parallelism asked for, and there is no
+        drafter of another architecture (its cache dtype could only be kept
+        through the speculative config, and setting that makes vLLM rebuild
+        the drafter's cache config with a user-chosen block size, which
+        changes its backend). Otherwise the request keeps FlashInfer's
+        per-tensor fp8 rows, as on SM90 before and as `fp8_e4m3` always
+        selects.
 
         The choice is engine-wide because the cache dtype is: the drafter's
-        layers share the target's cache config, and the hybrid page sizing
-        reads it before any layer selects a backend.
+        layers share the target's cache config, into which the sparse-MLA
+        canonicalization of each layer writes back.
         """
         pinned = Glm5NextModelConfig._pinned_mla_backends(vllm_config)
         storing = [
@@ -206,14 +227,16 @@ class Glm5NextModelConfig(VerifyAndUpdateConfig):
             len(storing) < len(pinned)
             or (spec_config is not None and not shares_layout)
             or drafter_dtype not in (None, "fp8", "fp8_ds_mla")
+            or not Glm5NextModelConfig._flashmla_fp8_supports_dcp(vllm_config)
         ):
             return
 
         vllm_config.cache_config.cache_dtype = "fp8_ds_mla"
         logger.info_once(
             "Using fp8_ds_mla KV cache for GLM-5.3-Flash on SM90: FlashMLA "
-            "sparse stores 656 B/token (BF16: 1024 B); --kv-cache-dtype "
-            "fp8_e4m3 selects FlashInfer's per-tensor fp8."
+            "sparse rows of 656 B per token with a scale per 128 values, "
+            "instead of FlashInfer's 512 B rows with one per-tensor scale "
+            "(BF16: 1024 B). --kv-cache-dtype fp8_e4m3 keeps FlashInfer's rows."
         )
         if spec_config is not None and spec_config.kv_cache_dtype == "fp8":
             spec_config.kv_cache_dtype = "fp8_ds_mla"
