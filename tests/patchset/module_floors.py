@@ -7,7 +7,8 @@ floor N imports at least one on floor N-1 and none above. Every `import`
 statement counts, including those inside functions; a module loaded by name
 at run time (`importlib`) does not.
 
-    python3 tests/patchset/module_floors.py   # prints the README's picture
+    python3 tests/patchset/module_floors.py         # the README's picture
+    python3 tests/patchset/module_floors.py --all   # every module's imports
 
 `test_readme.py` checks that README.md holds exactly this picture.
 """
@@ -76,24 +77,36 @@ def floors(graph: dict[str, set[str]]) -> dict[str, int]:
 
 
 def render(graph: dict[str, set[str]]) -> str:
-    """A text picture: one row per module, top floor first, each with every
-    sibling it imports (wrapped at 79 columns)."""
+    """The picture: one line per floor, top floor first; each module with
+    the modules of the floor right below that it imports (which put it on
+    its floor)."""
     floor = floors(graph)
-    width = max(len(name) for name in graph)
-    rows = []
+    lines = []
     for level in range(max(floor.values()), -1, -1):
+        shown = []
         for name in sorted(n for n in graph if floor[n] == level):
-            head = f"{level}  {name:<{width}}  "
-            deps = " ".join(sorted(graph[name])) or "-"
-            wrapped = textwrap.wrap(deps, 79 - len(head)) or [deps]
-            rows.append(head + wrapped[0])
-            rows += [" " * len(head) + more for more in wrapped[1:]]
+            below = sorted(d for d in graph[name] if floor[d] == level - 1)
+            shown.append(name + (f" ({' '.join(below)})" if below else ""))
+        head = f"{level}  "
+        wrapped = textwrap.wrap(", ".join(shown), 79 - len(head))
+        lines.append(head + wrapped[0])
+        lines += [" " * len(head) + more for more in wrapped[1:]]
+    return "\n".join(lines) + "\n"
+
+
+def render_all(graph: dict[str, set[str]]) -> str:
+    """Every module with every sibling it imports, top floor first."""
+    floor = floors(graph)
+    rows = []
+    for name in sorted(graph, key=lambda n: (-floor[n], n)):
+        rows.append(f"{floor[name]}  {name}: {' '.join(sorted(graph[name])) or '-'}")
     return "\n".join(rows) + "\n"
 
 
 def main() -> int:
     try:
-        sys.stdout.write(render(import_graph()))
+        graph = import_graph()
+        sys.stdout.write(render_all(graph) if "--all" in sys.argv else render(graph))
     except ValueError as exc:
         print(f"module_floors: error: {exc}", file=sys.stderr)
         return 1
