@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 from module_floors import import_graph, render
 
+# One worker runs this module, so that the subcommands' help is read once.
+pytestmark = pytest.mark.xdist_group("readme")
+
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 MEASUREMENTS = REPO / "docs" / "measurements.md"
