@@ -212,7 +212,9 @@ class Case:
             pick = torch.randperm(ctx, generator=gen, device="cuda")[:NUM_SELECTED]
             idx[t, :NUM_SELECTED] = (pick + t * span).int()
         self.idx = idx
-        self.workspace = torch.empty(FI_WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+        self.workspace = torch.empty(
+            FI_WORKSPACE_BYTES, dtype=torch.uint8, device="cuda"
+        )
 
     # FlashInfer (FLASHINFER_MLA_SPARSE_SM90) --------------------------------
     def fi_call(self, kv_dtype: torch.dtype, ckv: torch.Tensor, **scales: Any):
@@ -344,9 +346,7 @@ class Case:
             )
         values, scales = g128_from_ds_mla(self.ds_cache())
         groups = values.float().view(-1, KV_LORA_RANK // 128, 128)
-        return (groups * scales.view(-1, KV_LORA_RANK // 128, 1)).view(
-            -1, KV_LORA_RANK
-        )
+        return (groups * scales.view(-1, KV_LORA_RANK // 128, 1)).view(-1, KV_LORA_RANK)
 
     def reference(self) -> torch.Tensor:
         """fp32 attention over the BF16 latent: (tokens, heads, 512)."""
@@ -411,7 +411,9 @@ def decode(v: SimpleNamespace, args: argparse.Namespace) -> list[dict]:
             rounds = time_group(
                 [made[p] for p in timed], args.rounds, args.iters, args.warmup, flush
             )
-            us = {p: statistics.median(r[i] for r in rounds) for i, p in enumerate(timed)}
+            us = {
+                p: statistics.median(r[i] for r in rounds) for i, p in enumerate(timed)
+            }
 
             def ratio(a: str, b: str) -> dict | None:
                 if a not in us or b not in us:
@@ -455,14 +457,29 @@ def decode(v: SimpleNamespace, args: argparse.Namespace) -> list[dict]:
 
 
 LATENTS = {
-    "in-range": {"sigma": 0.5, "outliers": 4, "outlier_gain": 8.0,
-                 "big_tokens": 0.002, "big_gain": 2.0},
+    "in-range": {
+        "sigma": 0.5,
+        "outliers": 4,
+        "outlier_gain": 8.0,
+        "big_tokens": 0.002,
+        "big_gain": 2.0,
+    },
     # per-channel scale spread (lognormal sigma), outlier channels x gain,
     # share of tokens with a large norm x gain
-    "moderate": {"sigma": 0.5, "outliers": 4, "outlier_gain": 16.0,
-                 "big_tokens": 0.002, "big_gain": 4.0},
-    "heavy": {"sigma": 0.5, "outliers": 4, "outlier_gain": 64.0,
-              "big_tokens": 0.002, "big_gain": 16.0},
+    "moderate": {
+        "sigma": 0.5,
+        "outliers": 4,
+        "outlier_gain": 16.0,
+        "big_tokens": 0.002,
+        "big_gain": 4.0,
+    },
+    "heavy": {
+        "sigma": 0.5,
+        "outliers": 4,
+        "outlier_gain": 64.0,
+        "big_tokens": 0.002,
+        "big_gain": 16.0,
+    },
 }
 
 
@@ -547,8 +564,9 @@ def accuracy(v: SimpleNamespace, args: argparse.Namespace) -> list[dict]:
         for _, label, _ in layouts:
             if label in failures:
                 print(f"{kind:>9} {label:>26} failed: {failures[label]}")
-                results.append({"latent": kind, "layout": label,
-                                "error": failures[label]})
+                results.append(
+                    {"latent": kind, "layout": label, "error": failures[label]}
+                )
                 continue
             e = torch.cat(errs[label]).nan_to_num(nan=float("inf"))
             r = torch.cat(rows_err[label])
@@ -566,8 +584,15 @@ def accuracy(v: SimpleNamespace, args: argparse.Namespace) -> list[dict]:
                 f"{stats['row_err_median']:>9.4f} {stats['row_err_max']:>9.4f} "
                 f"{stats['elements_shrunk']:>9.2e}"
             )
-            results.append({"latent": kind, "layout": label, "amax": amax,
-                            "nan_rows": nans[label], **stats})
+            results.append(
+                {
+                    "latent": kind,
+                    "layout": label,
+                    "amax": amax,
+                    "nan_rows": nans[label],
+                    **stats,
+                }
+            )
         print(f"{kind:>9} latent amax {amax:.1f}")
     return results
 

@@ -116,8 +116,15 @@ def build_modules(python: Path, work: Path) -> list[tuple[str, Path]]:
     stub.mkdir(parents=True, exist_ok=True)
     (stub / "empty.c").write_text("\n")
     subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
-         str(stub / "libcuda.so"), str(stub / "empty.c")],
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+            str(stub / "libcuda.so"),
+            str(stub / "empty.c"),
+        ],
         check=True,
     )
     env = dict(
@@ -132,7 +139,9 @@ def build_modules(python: Path, work: Path) -> list[tuple[str, Path]]:
     )
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        raise PatchsetError(f"compiling FlashInfer's SM90 MLA modules failed: {tail[0]}")
+        raise PatchsetError(
+            f"compiling FlashInfer's SM90 MLA modules failed: {tail[0]}"
+        )
     return [(name, Path(lib)) for name, lib in json.loads(done.stdout.splitlines()[-1])]
 
 

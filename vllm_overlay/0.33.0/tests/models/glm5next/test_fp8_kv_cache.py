@@ -52,7 +52,9 @@ def test_fp8_selects_fp8_ds_mla_rows(after_hook_on_sm90, model_dir: Path) -> Non
     assert after_hook_on_sm90(model_dir, kv_cache_dtype="fp8")[0] == "fp8_ds_mla"
 
 
-def test_mtp_drafter_shares_fp8_ds_mla_rows(after_hook_on_sm90, model_dir: Path) -> None:
+def test_mtp_drafter_shares_fp8_ds_mla_rows(
+    after_hook_on_sm90, model_dir: Path
+) -> None:
     target, drafter = after_hook_on_sm90(
         model_dir, kv_cache_dtype="fp8", speculative_config=MTP
     )
@@ -60,12 +62,16 @@ def test_mtp_drafter_shares_fp8_ds_mla_rows(after_hook_on_sm90, model_dir: Path)
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3", "fp8_ds_mla"])
-def test_other_cache_dtypes_are_kept(after_hook_on_sm90, model_dir: Path, kv_cache_dtype: str) -> None:
+def test_other_cache_dtypes_are_kept(
+    after_hook_on_sm90, model_dir: Path, kv_cache_dtype: str
+) -> None:
     target, _ = after_hook_on_sm90(model_dir, kv_cache_dtype=kv_cache_dtype)
     assert target == kv_cache_dtype
 
 
-def test_drafter_pinned_to_flashinfer_keeps_per_tensor_fp8(after_hook_on_sm90, model_dir: Path) -> None:
+def test_drafter_pinned_to_flashinfer_keeps_per_tensor_fp8(
+    after_hook_on_sm90, model_dir: Path
+) -> None:
     spec = MTP | {"attention_backend": "FLASHINFER_MLA_SPARSE_SM90"}
     target, _ = after_hook_on_sm90(
         model_dir, kv_cache_dtype="fp8", speculative_config=spec
