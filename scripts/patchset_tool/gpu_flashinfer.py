@@ -197,12 +197,12 @@ def archive(site_packages: Path, python: Path, cache_dir: Path) -> Path:
                     if name == "flashinfer/__init__.py":
                         data = STUB_INIT.encode()
                     _add(tar, name, data)
-            for src in CSRC:
-                _add(tar, f"flashinfer/data/csrc/{src}",
-                     (pkg / "data" / "csrc" / src).read_bytes())  # fmt: skip
+            for source in CSRC:
+                data = (pkg / "data" / "csrc" / source).read_bytes()
+                _add(tar, f"flashinfer/data/csrc/{source}", data)
             for name, lib in modules:
-                _add(tar, f"flashinfer/data/aot/{name}/{name}.so",
-                     lib.read_bytes(), 0o755)  # fmt: skip
+                so = f"flashinfer/data/aot/{name}/{name}.so"
+                _add(tar, so, lib.read_bytes(), 0o755)
             with zipfile.ZipFile(wheel) as whl:
                 for member in whl.namelist():
                     if (
