@@ -435,7 +435,15 @@ def build_parser() -> argparse.ArgumentParser:
         "the base's kernels for an H200 machine; --collect its results",
     )
     _base_option(p)
-    p.add_argument("--bench", action="store_true", help="stage the benchmark too")
+    p.add_argument(
+        "--bench",
+        action="store_true",
+        help=(
+            "stage the KV-cache benchmark too; on the primary base with "
+            "FlashInfer's SM90 MLA (compiled here with nvcc; the other "
+            "bases' stages leave no room for it)"
+        ),
+    )
     p.add_argument(
         "--collect",
         type=Path,
