@@ -68,6 +68,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
         envmgr.setup(base)
     dest = None if args.check else (args.dest or base.patched_tree())
     print(apply.apply_to_package(base, dest, force=args.force))
+    if args.check:
+        return apply.report_tree(base, args.dest or base.patched_tree())
     return 0
 
 
@@ -109,9 +111,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_worktree(args: argparse.Namespace) -> int:
     base = chosen_base(args)
     dest = args.dest or worktree.default_worktree(base)
-    count = worktree.create(dest, base)
+    count, reused = worktree.create(dest, base)
     print(
-        f"work tree ready at {dest}: pristine vLLM {base.version} "
+        f"work tree {'reused' if reused else 'ready'} at {dest}: pristine vLLM {base.version} "
         f"(tag {worktree.BASE_TAG}) plus {count} commits, one per patch.\n"
         f"Edit it, then run `scripts/patchset refresh N --base {base.version}`."
     )

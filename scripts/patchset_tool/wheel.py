@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from . import apply, paths
+from . import apply, paths, trees
 from .bases import Base, get_base
 from .errors import PatchsetError
 from .series import Patch, load_series
@@ -474,6 +474,7 @@ def _write_atomically(target: Path, write: Callable[[Path], None], need: int) ->
         write(partial)
         with open(partial, "rb") as handle:
             os.fsync(handle.fileno())
+        os.chmod(partial, 0o666 & ~trees.umask())  # mkstemp made it 0600
         os.replace(partial, target)
     except BaseException as exc:
         partial.unlink(missing_ok=True)
@@ -545,5 +546,6 @@ def build_wheel(base: Base, upstream: UpstreamWheel, dist: Path) -> BuiltWheel:
 def cmd_build(args: argparse.Namespace) -> int:
     base = get_base(args.base)
     dist = args.dist or paths.REPO / "dist"
+    trees.refuse_install(dist, "--dist")
     print(build_wheel(base, upstream_wheel(base.version), dist))
     return 0

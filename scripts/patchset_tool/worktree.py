@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from . import apply, check, gitutil, paths, upstream
+from . import apply, check, gitutil, paths, trees, upstream
 from .bases import Base
 from .distinfo import record_digest
 from .errors import PatchsetError
@@ -39,11 +39,34 @@ def default_worktree(base: Base) -> Path:
     return base.build_dir() / "work"
 
 
+def is_own_worktree(work: Path) -> bool:
+    """Whether `work` is a work tree this tool made (its marker lives in
+    .git/, out of the commits; older ones are known by their tag)."""
+    if (work / ".git" / trees.MARKER).is_file():
+        return True
+    return (work / ".git").is_dir() and (
+        git("rev-parse", "-q", "--verify", f"refs/tags/{BASE_TAG}", cwd=work, check=False)
+        .returncode
+        == 0
+    )
+
+
+def _refuse_dest(dest: Path) -> None:
+    """Raise unless `dest` is absent or an empty folder of the user's."""
+    if dest.is_dir() and is_own_worktree(dest):
+        raise PatchsetError(
+            f"{dest}: a work tree patchset made is already there; edit it and "
+            "run `scripts/patchset refresh N`, or remove it (`rm -rf "
+            f"{dest}`) and run again (nothing was changed)"
+        )
+    trees.refuse_foreign(dest, "--dest")
+
+
 def _clone_release(dest: Path, base: Base) -> Path:
     """A staging clone of the release history on a branch at `base`'s
-    tag, tagged `patchset-base`; the caller renames it to `dest`."""
-    if dest.exists():
-        raise PatchsetError(f"{dest} exists; remove it or pass another --dest")
+    tag, tagged `patchset-base`; the caller renames it to `dest` (absent
+    or empty) while holding its lock."""
+    _refuse_dest(dest)
     staging = dest.with_name(f".{dest.name}.staging")
     shutil.rmtree(staging, ignore_errors=True)
     staging.parent.mkdir(parents=True, exist_ok=True)
@@ -54,6 +77,7 @@ def _clone_release(dest: Path, base: Base) -> Path:
         str(staging),
         cwd=staging.parent,
     )
+    trees.mark(staging / ".git", "work-tree")
     git("checkout", "--quiet", "-b", f"glm5next-{base.version}", base.tag, cwd=staging)
     git("tag", BASE_TAG, cwd=staging)
     return staging
@@ -74,19 +98,34 @@ def _prove_source_is_the_wheel(work: Path, base: Base, patches: list[Patch]) -> 
         )
 
 
-def create(dest: Path, base: Base) -> int:
+def create(dest: Path, base: Base) -> tuple[int, bool]:
     """Create `base`'s work tree at `dest`: its release source, with the
     files the series touches proven equal to the installed wheel's RECORD,
-    and one commit per patch on top; return the number of patches."""
+    and one commit per patch on top. A work tree the tool made there
+    before is reused when its commits still hold the series. Return (the
+    number of patches, whether it was reused)."""
     patches = load_series(base.patches)
-    staging = _clone_release(dest, base)
-    try:
-        _prove_source_is_the_wheel(staging, base, patches)
-        gitutil.am_series(staging, patches)
-        staging.rename(dest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return len(patches)
+    if dest.is_dir() and is_own_worktree(dest):
+        try:
+            series_commits(dest, patches)
+        except PatchsetError:
+            raise PatchsetError(
+                f"{dest}: a work tree patchset made is already there, but its "
+                "commits no longer match the series; finish your edits there "
+                "with `scripts/patchset refresh N`, or remove it (`rm -rf "
+                f"{dest}`) and run again (nothing was changed)"
+            ) from None
+        return len(patches), True
+    _refuse_dest(dest)
+    with trees.locked(dest):
+        staging = _clone_release(dest, base)
+        try:
+            _prove_source_is_the_wheel(staging, base, patches)
+            gitutil.am_series(staging, patches)
+            staging.rename(dest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return len(patches), False
 
 
 def rebase(source: Base, onto: Base, dest: Path) -> list[str]:
@@ -102,15 +141,17 @@ def rebase(source: Base, onto: Base, dest: Path) -> list[str]:
             f"series; edit it with `worktree --base {onto.version}` instead"
         )
     branch = f"glm5next-{onto.version}"
-    staging = _clone_release(dest, onto)
-    try:
-        git("checkout", "--quiet", "--detach", source.tag, cwd=staging)
-        gitutil.am_series(staging, patches)
-        git("branch", "--force", branch, "HEAD", cwd=staging)
-        git("checkout", "--quiet", branch, cwd=staging)
-        staging.rename(dest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    _refuse_dest(dest)
+    with trees.locked(dest):
+        staging = _clone_release(dest, onto)
+        try:
+            git("checkout", "--quiet", "--detach", source.tag, cwd=staging)
+            gitutil.am_series(staging, patches)
+            git("branch", "--force", branch, "HEAD", cwd=staging)
+            git("checkout", "--quiet", branch, cwd=staging)
+            staging.rename(dest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     proc = git(
         *IDENTITY, "rebase", "--onto", onto.tag, source.tag, cwd=dest, check=False
     )
