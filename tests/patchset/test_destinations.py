@@ -3,13 +3,15 @@
 """The tool replaces only what it made: never an installation, a folder of
 the user's, or a tree another run is writing; and it knows a damaged tree."""
 
+import os
+import stat
 import subprocess
 from pathlib import Path
 
 import pytest
 from projectkit import PROBE, Project
 
-from patchset_tool import trees
+from patchset_tool import trees, wheel
 
 
 def fake_site(tmp_path: Path) -> Path:
@@ -182,3 +184,19 @@ def test_lock_waits_for_the_holder(tmp_path: Path) -> None:
     out, err = waiter.communicate(timeout=30)
     assert out == "held\n"
     assert f"waiting for another patchset run writing {tree}" in err
+
+
+def test_tree_and_wheel_follow_the_umask(
+    project: Project, series: Path, tmp_path: Path
+) -> None:
+    """A patched tree is 0755 and a wheel 0644 under umask 022, as `cp`
+    would make them (mkdtemp and mkstemp alone give 0700 and 0600)."""
+    old = os.umask(0o022)
+    try:
+        assert project.patchset("apply").returncode == 0
+        target = tmp_path / "dist" / "some.whl"
+        wheel._write_atomically(target, lambda p: p.write_bytes(b"zip"), 3)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(project.patched.stat().st_mode) == 0o755
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
