@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -148,12 +147,13 @@ def _apply_patches(patches: list[Patch], staging: Path) -> None:
     env = gitutil.outside_repo_env(staging)
     kill_after = os.environ.get(KILL_AFTER_VAR)
     for number, patch in enumerate(patches, 1):
-        proc = subprocess.run(
-            [gitutil.git_exe(), "apply", "--whitespace=nowarn", str(patch.path)],
+        proc = gitutil.git(
+            "apply",
+            "--whitespace=nowarn",
+            str(patch.path),
             cwd=staging,
             env=env,
-            text=True,
-            capture_output=True,
+            check=False,
         )
         if proc.returncode:
             raise PatchsetError(

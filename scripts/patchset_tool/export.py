@@ -2,7 +2,6 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`export`: a branch with one commit per patch, and the PR description."""
 
-import subprocess
 from pathlib import Path
 
 from . import apply, gitutil
@@ -76,19 +75,15 @@ def _own_the_commits(scratch: Path, base_head: str, name: str, email: str) -> No
         GIT_COMMITTER_NAME=name,
         GIT_COMMITTER_EMAIL=email,
     )
-    proc = subprocess.run(
-        [
-            gitutil.git_exe(),
-            "rebase",
-            "--quiet",
-            "--exec",
-            "git commit --quiet --amend --no-edit --reset-author --signoff",
-            base_head,
-        ],
+    proc = gitutil.git(
+        "rebase",
+        "--quiet",
+        "--exec",
+        "git commit --quiet --amend --no-edit --reset-author --signoff",
+        base_head,
         cwd=scratch,
         env=env,
-        text=True,
-        capture_output=True,
+        check=False,
     )
     if proc.returncode:
         raise PatchsetError(f"export: could not re-author the commits:\n{proc.stderr}")

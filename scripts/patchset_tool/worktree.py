@@ -20,7 +20,6 @@ writes the new base's series and overlay.
 """
 
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -251,20 +250,16 @@ def _fold_edits(work: Path, target: str) -> None:
     git(*IDENTITY, "commit", "--quiet", f"--fixup={target}", cwd=work)
     env = gitutil.outside_repo_env(work)
     env["GIT_SEQUENCE_EDITOR"] = "true"
-    proc = subprocess.run(
-        [
-            gitutil.git_exe(),
-            *IDENTITY,
-            "rebase",
-            "--quiet",
-            "-i",
-            "--autosquash",
-            f"{target}^",
-        ],
+    proc = git(
+        *IDENTITY,
+        "rebase",
+        "--quiet",
+        "-i",
+        "--autosquash",
+        f"{target}^",
         cwd=work,
         env=env,
-        text=True,
-        capture_output=True,
+        check=False,
     )
     if proc.returncode:
         git("rebase", "--abort", cwd=work, check=False)

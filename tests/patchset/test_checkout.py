@@ -54,14 +54,22 @@ def test_checkout_check_mode_leaves_it_alone(project: Project, checkout: Path) -
     assert state(checkout) == before
 
 
+@pytest.mark.parametrize(
+    "locale",
+    [{}, {"LANG": "C.UTF-8", "LANGUAGE": "de"}, {"LC_ALL": "C.UTF-8", "LANGUAGE": "fr"}],
+    ids=["default", "LANGUAGE=de", "LANGUAGE=fr"],
+)
 def test_checkout_conflict_names_patch_file_and_hunk(
-    project: Project, checkout: Path
+    project: Project, checkout: Path, locale: dict[str, str]
 ) -> None:
+    """In any locale: git's messages, which the tool reads, are English."""
     kda = checkout / KDA
     kda.write_text(kda.read_text().replace("import ", "import\t", 1))
     git("commit", "--quiet", "-am", "upstream moved on", cwd=checkout)
     before = state(checkout)
-    result = project.patchset("apply", "--vllm-src", str(checkout))
+    result = project.patchset(
+        "apply", "--vllm-src", str(checkout), env={**project.env, **locale}
+    )
     assert result.returncode == 1
     assert "0002-Model-Touch-KDA-and-the-package-init.patch" in result.stderr
     assert f"{KDA}: hunk #1" in result.stderr
