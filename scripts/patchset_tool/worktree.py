@@ -231,13 +231,24 @@ def series_commits(work: Path, patches: list[Patch], new: int = 0) -> list[str]:
     ).stdout.splitlines()
     commits = [line.split(" ", 1) for line in log]
     subjects = [c[1] if len(c) > 1 else "" for c in commits]
-    if len(subjects) != len(patches) + new or subjects[: len(patches)] != [
-        p.subject for p in patches
-    ]:
+    want = [p.subject for p in patches]
+    if subjects[: len(patches)] != want:
         raise PatchsetError(
             f"{work}: the commits after {BASE_TAG} do not match the series "
-            f"(got {subjects}, want {[p.subject for p in patches]}); "
-            "recreate it with `scripts/patchset worktree`"
+            f"(got {subjects}, want {want}); keep one commit per patch with "
+            "its subject (`git rebase -i patchset-base` to reword or reorder)"
+        )
+    extra = commits[len(patches) :]
+    if len(extra) != new:
+        listing = "\n  ".join(f"{c[0][:12]} {c[1] if len(c) > 1 else ''}" for c in extra)
+        raise PatchsetError(
+            f"{work}: {len(extra)} commit(s) after the series' {len(patches)}:\n"
+            f"  {listing}\n"
+            "Fold each into the patch it belongs to: `git commit --fixup=<that "
+            "patch's commit>` then `git rebase -i --autosquash patchset-base` "
+            "(or `git commit --amend` when it is the last), and run `scripts/"
+            f"patchset refresh N` again; or, for one commit that is a new "
+            f"patch, run `scripts/patchset refresh {len(patches) + 1}`"
         )
     return [c[0] for c in commits]
 

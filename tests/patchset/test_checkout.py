@@ -249,3 +249,30 @@ def test_export_commits_are_authored_and_signed_off_by_the_exporter(
             "Signed-off-by: Test Author <a@example.com>",
             "Signed-off-by: Ex Porter <ex@example.com>",
         ]
+
+
+def test_refresh_says_what_to_do_with_a_new_commit(
+    project: Project, work: Path
+) -> None:
+    (work / PROBE).write_text((work / PROBE).read_text().replace("42", "44"))
+    git("commit", "--quiet", "-am", "tweak the probe", cwd=work)
+    series_before = [p.read_text() for p in sorted(project.patches().iterdir())]
+    result = project.patchset("refresh", "1", "--vllm-src", str(work))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "1 commit(s) after the series' 2" in result.stderr
+    assert "tweak the probe" in result.stderr
+    assert "git commit --fixup=" in result.stderr
+    assert "git rebase -i --autosquash patchset-base" in result.stderr
+    assert "scripts/patchset refresh 3" in result.stderr
+    assert [p.read_text() for p in sorted(project.patches().iterdir())] == (
+        series_before
+    )
+
+
+def test_worktree_reuses_the_work_tree_it_made(project: Project, work: Path) -> None:
+    (work / PROBE).write_text("# an edit in progress\n")
+    again = project.patchset("worktree", "--dest", str(work))
+    assert again.returncode == 0, again.stderr
+    assert f"work tree reused at {work}" in again.stdout
+    assert (work / PROBE).read_text() == "# an edit in progress\n"

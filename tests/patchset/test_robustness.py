@@ -3,6 +3,9 @@
 """What a maintainer's hands find: patch paths leaving the tree, bad
 arguments to every subcommand, the working directory and the help texts."""
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,3 +62,105 @@ def test_every_command_reading_a_patch_refuses_a_tree_leaving_path(
     assert not (project.root / "build").exists() or command != ["check"]
     assert not (project.root / "escaped.py").exists()
     assert not (project.build() / "escaped.py").exists()
+
+
+BAD_INVOCATIONS = {
+    "setup": ["setup", "--base", "9.9.9"],
+    "env": ["env", "--base", "nope"],
+    "apply-src": ["apply", "--vllm-src", "/nonexistent"],
+    "apply-dest": ["apply", "--dest", "/proc/version/tree"],
+    "run-empty": ["run"],
+    "run-missing": ["run", "--pristine", "--", "/nonexistent/command"],
+    "worktree": ["worktree", "--dest", "/proc/nonexistent/work"],
+    "refresh": ["refresh", "1", "--vllm-src", "/nonexistent"],
+    "rebase": ["rebase", "--onto", "9.9.9"],
+    "bisect-run": ["bisect-run", "--vllm-src", "/nonexistent"],
+    "export": ["export", "--vllm-src", "/nonexistent", "--branch", "x"],
+    "test": ["test", "--base", "9.9.9"],
+    "upstream-checks": ["upstream-checks", "--base", "9.9.9"],
+    "gpu": ["gpu", "--collect", "/nonexistent"],
+    "build": ["build", "--base", "9.9.9"],
+    "verify-install": ["verify-install", "/nonexistent/python"],
+    "capacity": ["capacity", "--pristine", "--batch", "/nonexistent.json"],
+    "coverage": ["coverage", "--pristine", "--batch", "NOT_JSON"],
+    "coverage-base": ["coverage", "--base", "9.9.9"],
+}
+
+
+@pytest.mark.parametrize("argv", BAD_INVOCATIONS.values(), ids=BAD_INVOCATIONS)
+def test_bad_arguments_give_one_line_not_a_traceback(
+    project: Project, series: Path, tmp_path: Path, argv: list[str]
+) -> None:
+    if "NOT_JSON" in argv:
+        bad = tmp_path / "cases.json"
+        bad.write_text("[['--json'")
+        argv = [str(bad) if a == "NOT_JSON" else a for a in argv]
+    result = project.patchset(*argv)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr
+    error = [line for line in result.stderr.splitlines() if "error" in line]
+    assert error, result.stderr
+    assert len(error[0]) > len("patchset: error: ") + 10
+
+
+def test_run_keeps_the_callers_working_directory(
+    project: Project, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "myscript.py").write_text("import os; print(os.getcwd())\n")
+    result = subprocess.run(
+        [sys.executable, str(project.root / "scripts" / "patchset"), "run"]
+        + ["--pristine", "--", "python", "myscript.py"],
+        cwd=elsewhere,
+        env=project.env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(elsewhere)
+
+
+@pytest.mark.parametrize("report", ["coverage", "capacity"])
+def test_report_help_shows_every_option(project: Project, report: str) -> None:
+    result = project.patchset(report, "--help")
+    assert result.returncode == 0, result.stderr
+    for option in ("--base VERSION", "--pristine", "--batch FILE", "--json"):
+        assert option in result.stdout
+    options = [
+        line.split()[0]
+        for line in result.stdout.split("options:", 1)[1].splitlines()
+        if line.startswith("  -")
+    ]
+    described = [
+        line for line in result.stdout.splitlines() if line.startswith("  -")
+    ]
+    assert len(options) >= 5
+    assert all(len(line.split(None, 2)) >= 2 for line in described)
+
+
+def test_top_level_help_says_where_to_start(project: Project) -> None:
+    result = project.patchset("--help")
+    assert result.returncode == 0
+    assert "where to start:" in result.stdout
+    assert "scripts/patchset setup" in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+def test_setup_with_a_complete_read_only_cache(project: Project) -> None:
+    """The shared environments, read-only (a bind mount in a private mount
+    namespace: root ignores permission bits): setup reuses them."""
+    envs = (project.cache / "envs").resolve()
+    script = (
+        f"mount --bind {envs} {envs} && mount -o remount,bind,ro {envs} && "
+        "exec python3 scripts/patchset setup"
+    )
+    result = subprocess.run(
+        ["unshare", "--map-root-user", "--mount", "sh", "-c", script],
+        cwd=project.root,
+        env=project.env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "environment ready" in result.stdout
