@@ -288,7 +288,9 @@ def _swap_into_place(staging: Path, dest: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def is_current(dest: Path, install: InstalledVllm, base: Base, full: bool = False) -> bool:
+def is_current(
+    dest: Path, install: InstalledVllm, base: Base, full: bool = False
+) -> bool:
     """Whether `dest` was built from `base`'s current series and install,
     and still holds every file its manifest lists (`full`: with the same
     sha256; otherwise the same size)."""

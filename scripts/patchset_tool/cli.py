@@ -114,8 +114,9 @@ def cmd_worktree(args: argparse.Namespace) -> int:
     base = chosen_base(args)
     dest = args.dest or worktree.default_worktree(base)
     count, reused = worktree.create(dest, base)
+    state = "reused" if reused else "ready"
     print(
-        f"work tree {'reused' if reused else 'ready'} at {dest}: pristine vLLM {base.version} "
+        f"work tree {state} at {dest}: pristine vLLM {base.version} "
         f"(tag {worktree.BASE_TAG}) plus {count} commits, one per patch.\n"
         f"Edit it, then run `scripts/patchset refresh N --base {base.version}`."
     )

@@ -285,12 +285,25 @@ def format_report(report: dict[str, Any], seconds: float) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="patchset coverage", description=__doc__)
-    parser.add_argument("--config", default="glm-5.3-flash", metavar="NAME|PATH", help="the model config (default: %(default)s)")
     parser.add_argument(
-        "--checkpoint", default="bf16", choices=("bf16", "block-fp8", "nvfp4"), help="the checkpoint's quantization (default: %(default)s)"
+        "--config",
+        default="glm-5.3-flash",
+        metavar="NAME|PATH",
+        help="the model config (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        default="bf16",
+        choices=("bf16", "block-fp8", "nvfp4"),
+        help="the checkpoint's quantization (default: %(default)s)",
     )
     parser.add_argument("--quantization", default=None, help="as vLLM's --quantization")
-    parser.add_argument("--quantization-config", type=json.loads, default=None, help="as vLLM's --quantization-config (JSON)")
+    parser.add_argument(
+        "--quantization-config",
+        type=json.loads,
+        default=None,
+        help="as vLLM's --quantization-config (JSON)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     add_tool_options(parser)
     return parser.parse_args(argv)

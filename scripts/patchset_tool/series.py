@@ -12,7 +12,9 @@ MBOX_FROM = re.compile(r"^From [0-9a-f]{40} Mon Sep 17 00:00:00 2001$")
 PATCH_NAME = re.compile(r"^\d{4}-[A-Za-z0-9._-]+\.patch$")
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)")
-NAMED_PATH = re.compile(r"^(?:--- |\+\+\+ |rename from |rename to |copy from |copy to )(.*?)\t?$")
+NAMED_PATH = re.compile(
+    r"^(?:--- |\+\+\+ |rename from |rename to |copy from |copy to )(.*?)\t?$"
+)
 
 
 @dataclass

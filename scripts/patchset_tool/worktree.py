@@ -44,8 +44,14 @@ def is_own_worktree(work: Path) -> bool:
     if (work / ".git" / trees.MARKER).is_file():
         return True
     return (work / ".git").is_dir() and (
-        git("rev-parse", "-q", "--verify", f"refs/tags/{BASE_TAG}", cwd=work, check=False)
-        .returncode
+        git(
+            "rev-parse",
+            "-q",
+            "--verify",
+            f"refs/tags/{BASE_TAG}",
+            cwd=work,
+            check=False,
+        ).returncode
         == 0
     )
 
@@ -240,7 +246,9 @@ def series_commits(work: Path, patches: list[Patch], new: int = 0) -> list[str]:
         )
     extra = commits[len(patches) :]
     if len(extra) != new:
-        listing = "\n  ".join(f"{c[0][:12]} {c[1] if len(c) > 1 else ''}" for c in extra)
+        listing = "\n  ".join(
+            f"{c[0][:12]} {c[1] if len(c) > 1 else ''}" for c in extra
+        )
         raise PatchsetError(
             f"{work}: {len(extra)} commit(s) after the series' {len(patches)}:\n"
             f"  {listing}\n"

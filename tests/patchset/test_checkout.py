@@ -56,7 +56,11 @@ def test_checkout_check_mode_leaves_it_alone(project: Project, checkout: Path) -
 
 @pytest.mark.parametrize(
     "locale",
-    [{}, {"LANG": "C.UTF-8", "LANGUAGE": "de"}, {"LC_ALL": "C.UTF-8", "LANGUAGE": "fr"}],
+    [
+        {},
+        {"LANG": "C.UTF-8", "LANGUAGE": "de"},
+        {"LC_ALL": "C.UTF-8", "LANGUAGE": "fr"},
+    ],
     ids=["default", "LANGUAGE=de", "LANGUAGE=fr"],
 )
 def test_checkout_conflict_names_patch_file_and_hunk(

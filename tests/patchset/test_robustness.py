@@ -29,8 +29,10 @@ HUNK = "@@ -0,0 +1 @@\n+x\n"
         ("diff --git a/../evil.py b/../evil.py\nnew file mode 100644\n", 7),
         ("diff --git a//etc/evil b//etc/evil\nnew file mode 100644\n", 7),
         (
-            "diff --git a/x.py b/x.py\nnew file mode 100644\n"
-            "--- /dev/null\n+++ b/vllm/../../evil.py\n",
+            (
+                "diff --git a/x.py b/x.py\nnew file mode 100644\n"
+                "--- /dev/null\n+++ b/vllm/../../evil.py\n"
+            ),
             10,
         ),
         ("diff --git a/x.py b/y.py\nrename from x.py\nrename to /tmp/y.py\n", 9),
@@ -132,9 +134,7 @@ def test_report_help_shows_every_option(project: Project, report: str) -> None:
         for line in result.stdout.split("options:", 1)[1].splitlines()
         if line.startswith("  -")
     ]
-    described = [
-        line for line in result.stdout.splitlines() if line.startswith("  -")
-    ]
+    described = [line for line in result.stdout.splitlines() if line.startswith("  -")]
     assert len(options) >= 5
     assert all(len(line.split(None, 2)) >= 2 for line in described)
 
