@@ -492,8 +492,9 @@ def build_parser() -> argparse.ArgumentParser:
         "python",
         nargs="?",
         type=Path,
-        metavar="PYTHON",
-        help="the environment's interpreter (default: python3 on PATH)",
+        metavar="PYTHON|DIR",
+        help="the environment's interpreter (default: python3 on PATH), or "
+        "the folder of a `pip install --target DIR`",
     )
     p.set_defaults(func=installed.cmd_verify_install)
 

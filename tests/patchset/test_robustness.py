@@ -164,3 +164,21 @@ def test_setup_with_a_complete_read_only_cache(project: Project) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "environment ready" in result.stdout
+
+
+def test_verify_install_checks_a_pip_target_folder(
+    project: Project, pristine_site: Path, tmp_path: Path
+) -> None:
+    """`pip install --target DIR` has no interpreter of its own: the folder
+    is checked; a one-byte drift is named."""
+    target = tmp_path / "target"
+    shutil.copytree(pristine_site, target, symlinks=True)
+    good = project.patchset("verify-install", str(target))
+    assert good.returncode == 0, good.stderr
+    assert f"site-packages: {target}" in good.stdout
+    assert "match RECORD" in good.stdout
+    version = target / "vllm" / "version.py"
+    version.write_bytes(version.read_bytes() + b"#")
+    drifted = project.patchset("verify-install", str(target))
+    assert drifted.returncode == 1
+    assert "vllm/version.py: sha256 differs from RECORD" in drifted.stderr
