@@ -280,3 +280,66 @@ def test_worktree_reuses_the_work_tree_it_made(project: Project, work: Path) -> 
     assert again.returncode == 0, again.stderr
     assert f"work tree reused at {work}" in again.stdout
     assert (work / PROBE).read_text() == "# an edit in progress\n"
+
+
+TEMPLATE = """<!-- markdownlint-disable -->
+
+## Overview
+
+<!-- Summarize the change in 1-2 lines. -->
+
+## Claims
+
+<!-- State the accomplishments
+in a few concrete bullets. -->
+
+## Validation
+
+<!-- Show evidence. -->
+
+## Details
+
+<!-- Explain motivation. -->
+
+---
+
+<details>
+<summary> Pull Request Checklist </summary>
+
+- [ ] **Design Fit:** Minimizes impact on core components.
+</details>
+"""
+
+
+def test_export_description_follows_the_release_template(
+    project: Project, checkout: Path, tmp_path: Path
+) -> None:
+    """The checkout's own .github/PULL_REQUEST_TEMPLATE.md gives the
+    headings and checklist; each paragraph is one line."""
+    template = checkout / ".github" / "PULL_REQUEST_TEMPLATE.md"
+    template.parent.mkdir()
+    template.write_text(TEMPLATE)
+    git("add", "--all", cwd=checkout)
+    git("commit", "--quiet", "-m", "add the template", cwd=checkout)
+    description = tmp_path / "pr.md"
+    result = project.patchset(
+        "export",
+        "--vllm-src",
+        str(checkout),
+        "--branch",
+        "b",
+        "--pr-description",
+        str(description),
+    )
+    assert result.returncode == 0, result.stderr
+    text = description.read_text()
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["## Overview", "## Claims", "## Validation", "## Details"]
+    assert "<!-- Summarize" not in text and "in a few concrete" not in text
+    assert "- [ ] **Design Fit:** Minimizes impact on core components." in text
+    assert text.index("## Details") < text.index("### [Model] Add a probe module")
+    assert text.index("### [Model] Add a probe module") < text.index("<details>")
+    assert (
+        "This change exists so that the tool's tests have a real patch with a "
+        "body that says why it is needed.\n" in text
+    )
