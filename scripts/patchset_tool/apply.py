@@ -14,19 +14,20 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import envmgr, gitutil, paths
+from . import envmgr, gitutil, paths, trees
 from .bases import Base
 from .distinfo import InstalledVllm, find_base_install
 from .errors import PatchsetError
 from .series import Patch, load_series
 
 STAMP = ".patchset-stamp.json"
+OWNED = (trees.MARKER, STAMP)
+"""A patched tree holds one of these (STAMP alone: made by an older tool)."""
 KILL_AFTER_VAR = "PATCHSET_TEST_KILL_AFTER"
 SITE_VAR = "GLM5NEXT_PATCHSET_SITE"
 
@@ -146,12 +147,13 @@ def _apply_patches(patches: list[Patch], staging: Path) -> None:
     env = gitutil.outside_repo_env(staging)
     kill_after = os.environ.get(KILL_AFTER_VAR)
     for number, patch in enumerate(patches, 1):
-        proc = subprocess.run(
-            [gitutil.git_exe(), "apply", "--whitespace=nowarn", str(patch.path)],
+        proc = gitutil.git(
+            "apply",
+            "--whitespace=nowarn",
+            str(patch.path),
             cwd=staging,
             env=env,
-            text=True,
-            capture_output=True,
+            check=False,
         )
         if proc.returncode:
             raise PatchsetError(
@@ -220,51 +222,60 @@ def apply_to_package(
     install = install or default_install(base)
     patches = load_series(base.patches)
     existing = check_base(install, patches)
-    if dest is not None:
-        remove_stale_staging(dest)  # what a killed apply left behind
-    if dest is not None and not force and is_current(dest, install, base):
-        _compare_with_overlay(patches, dest, base)
-        return Summary(
-            base,
-            len(patches),
-            len(touched_files(patches)),
-            sum(p.hunks for p in patches),
-            len(existing),
-            time.monotonic() - start,
-            dest,
-            up_to_date=True,
-        )
-    if dest is not None:
-        _writable_parent(dest)
-        staging = Path(
-            tempfile.mkdtemp(prefix=f".{dest.name}.staging-", dir=dest.parent)
-        )
-    else:
-        staging = Path(tempfile.mkdtemp(prefix="patchset-check-"))
-    try:
-        _copy_package(install, staging)
-        _apply_patches(patches, staging)
-        _compare_with_overlay(patches, staging, base)
-        if dest is not None:
-            stamp = {
-                "digest": series_digest(install, base),
-                "vllm": base.version,
-                "base": str(install.site),
-                "patches": [p.name for p in patches],
-            }
-            (staging / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
-            _swap_into_place(staging, dest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return Summary(
+    summary = Summary(
         base,
         len(patches),
         len(touched_files(patches)),
         sum(p.hunks for p in patches),
         len(existing),
-        time.monotonic() - start,
+        0.0,
         dest,
     )
+    if dest is None:
+        staging = Path(tempfile.mkdtemp(prefix="patchset-check-"))
+        try:
+            _build(install, patches, base, staging)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        summary.seconds = time.monotonic() - start
+        return summary
+    trees.refuse_foreign(dest, "--dest", OWNED)
+    _writable_parent(dest)
+    with trees.locked(dest):
+        remove_stale_staging(dest)  # what a killed apply left behind
+        if not force and is_current(dest, install, base, full=True):
+            _compare_with_overlay(patches, dest, base)
+            summary.up_to_date = True
+        else:
+            staging = Path(
+                tempfile.mkdtemp(prefix=f".{dest.name}.staging-", dir=dest.parent)
+            )
+            try:
+                _build(install, patches, base, staging)
+                stamp = {
+                    "digest": series_digest(install, base),
+                    "vllm": base.version,
+                    "base": str(install.site),
+                    "patches": [p.name for p in patches],
+                }
+                trees.mark(staging, "patched-tree")
+                (staging / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
+                trees.write_manifest(staging)  # last: the tree is complete
+                _swap_into_place(staging, dest)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    summary.seconds = time.monotonic() - start
+    return summary
+
+
+def _build(
+    install: InstalledVllm, patches: list[Patch], base: Base, staging: Path
+) -> None:
+    """The patched package in `staging`, proven equal to the overlay."""
+    os.chmod(staging, 0o777 & ~trees.umask())  # mkdtemp made it 0700
+    _copy_package(install, staging)
+    _apply_patches(patches, staging)
+    _compare_with_overlay(patches, staging, base)
 
 
 def _swap_into_place(staging: Path, dest: Path) -> None:
@@ -277,13 +288,38 @@ def _swap_into_place(staging: Path, dest: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def is_current(dest: Path, install: InstalledVllm, base: Base) -> bool:
-    """Whether `dest` was built from `base`'s current series and install."""
+def is_current(
+    dest: Path, install: InstalledVllm, base: Base, full: bool = False
+) -> bool:
+    """Whether `dest` was built from `base`'s current series and install,
+    and still holds every file its manifest lists (`full`: with the same
+    sha256; otherwise the same size)."""
     try:
         stamp = json.loads((dest / STAMP).read_text())
     except (OSError, ValueError):
         return False
-    return bool(stamp.get("digest") == series_digest(install, base))
+    if stamp.get("digest") != series_digest(install, base):
+        return False
+    return not trees.damage(dest, full=full)
+
+
+def report_tree(base: Base, dest: Path) -> int:
+    """For `apply --check`: say whether the patched tree at `dest` is
+    intact (every file as its manifest says); 1 when it is damaged."""
+    if not dest.exists():
+        print(f"{dest}: no patched tree yet; `scripts/patchset apply` makes it")
+        return 0
+    problems = trees.damage(dest)
+    if not problems:
+        print(f"{dest}: intact ({trees.MANIFEST} matches every file)")
+        return 0
+    shown = "\n  ".join(problems[:10])
+    more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
+    print(
+        f"{dest}: damaged, {len(problems)} file(s) differ from its manifest:\n  "
+        f"{shown}{more}\n`scripts/patchset apply --base {base.version}` rebuilds it"
+    )
+    return 1
 
 
 def apply_to_checkout(base: Base, src: Path, check: bool) -> tuple[int, float]:

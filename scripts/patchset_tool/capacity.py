@@ -49,7 +49,11 @@ from patchset_tool.coverage import (
     model_tests,
     single_process_distributed,
 )
-from patchset_tool.reports import exit_without_teardown, run_reports
+from patchset_tool.reports import (
+    add_tool_options,
+    exit_without_teardown,
+    run_reports,
+)
 from patchset_tool.runner import TREE_VAR
 
 SM90 = (9, 0)
@@ -449,7 +453,12 @@ def format_report(report: dict[str, Any], seconds: float) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(prog="patchset capacity", description=__doc__)
-    parser.add_argument("--kv-cache-dtype", choices=tuple(DTYPES), default="both")
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=tuple(DTYPES),
+        default="both",
+        help="the KV-cache dtype to measure (default: %(default)s)",
+    )
     parser.add_argument(
         "--budget-gib",
         type=float,
@@ -457,9 +466,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="X",
         help="memory for the KV cache per GPU (default: %(default)s)",
     )
-    parser.add_argument("--tp", type=int, default=8, metavar="N")
-    parser.add_argument("--max-model-len", type=int, default=32768, metavar="L")
+    parser.add_argument(
+        "--tp",
+        type=int,
+        default=8,
+        metavar="N",
+        help="tensor-parallel size (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=32768,
+        metavar="L",
+        help="the model length (default: %(default)s)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
+    add_tool_options(parser)
     return parser.parse_args(argv)
 
 

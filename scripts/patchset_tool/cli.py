@@ -3,10 +3,12 @@
 """Command line of `scripts/patchset`: one subcommand per workflow step."""
 
 import argparse
+import importlib
 import os
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -69,6 +71,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
         envmgr.setup(base)
     dest = None if args.check else (args.dest or base.patched_tree())
     print(apply.apply_to_package(base, dest, force=args.force))
+    if args.check:
+        return apply.report_tree(base, args.dest or base.patched_tree())
     return 0
 
 
@@ -110,9 +114,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_worktree(args: argparse.Namespace) -> int:
     base = chosen_base(args)
     dest = args.dest or worktree.default_worktree(base)
-    count = worktree.create(dest, base)
+    count, reused = worktree.create(dest, base)
+    state = "reused" if reused else "ready"
     print(
-        f"work tree ready at {dest}: pristine vLLM {base.version} "
+        f"work tree {state} at {dest}: pristine vLLM {base.version} "
         f"(tag {worktree.BASE_TAG}) plus {count} commits, one per patch.\n"
         f"Edit it, then run `scripts/patchset refresh N --base {base.version}`."
     )
@@ -251,6 +256,9 @@ def cmd_report(module: str) -> Callable[[argparse.Namespace], int]:
     """The handler that runs report `module` against the chosen tree."""
 
     def run_report(args: argparse.Namespace) -> int:
+        if {"-h", "--help"} & set(args.report_args):
+            # Help needs no environment and no patched tree.
+            importlib.import_module(f"patchset_tool.{module}").parse_args(["--help"])
         base = chosen_base(args)
         if envmgr.env_python(base, require=False) is None:
             envmgr.setup(base)
@@ -274,11 +282,24 @@ def _base_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+START_HERE = """\
+where to start:
+  scripts/patchset setup                 the managed environment (once)
+  scripts/patchset apply                 the patched tree in build/<version>/
+  scripts/patchset run -- pytest ...     a command against that tree
+  scripts/patchset worktree              a git work tree to edit the series;
+  scripts/patchset refresh N             then write patch N back from it
+  scripts/patchset test                  everything, before sending
+Each subcommand has its own --help."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="patchset",
         description="Apply, verify and test the GLM-5.3-Flash series against "
         "the vLLM releases declared in bases.toml.",
+        epilog=START_HERE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="subcommand", required=True)
 
@@ -324,8 +345,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(or --pristine: the unpatched install) on the CPU platform",
     )
     _base_option(p)
-    p.add_argument("--pristine", action="store_true")
-    p.add_argument("command", nargs=argparse.REMAINDER)
+    p.add_argument(
+        "--pristine", action="store_true", help="the unpatched install instead"
+    )
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        help="after `--`: the command, run in the current directory",
+    )
     p.set_defaults(func=cmd_run)
 
     sub.add_parser(
@@ -385,8 +412,19 @@ def build_parser() -> argparse.ArgumentParser:
         "series does not apply, else the glm5next tests' verdict",
     )
     _base_option(p)
-    p.add_argument("--vllm-src", type=Path, metavar="DIR", required=True)
-    p.add_argument("pytest_args", nargs="*", metavar="PYTEST_ARG")
+    p.add_argument(
+        "--vllm-src",
+        type=Path,
+        metavar="DIR",
+        required=True,
+        help="the vLLM checkout `git bisect` moves",
+    )
+    p.add_argument(
+        "pytest_args",
+        nargs="*",
+        metavar="PYTEST_ARG",
+        help="passed to pytest after the series' test files",
+    )
     p.set_defaults(func=cmd_bisect_run)
 
     p = sub.add_parser(
@@ -395,8 +433,14 @@ def build_parser() -> argparse.ArgumentParser:
         "you, and the pull-request description",
     )
     _base_option(p)
-    p.add_argument("--vllm-src", type=Path, metavar="DIR", required=True)
-    p.add_argument("--branch", required=True)
+    p.add_argument(
+        "--vllm-src",
+        type=Path,
+        metavar="DIR",
+        required=True,
+        help="your vLLM checkout; its work tree is left alone",
+    )
+    p.add_argument("--branch", required=True, help="the new branch's name")
     p.add_argument(
         "--pr-description",
         type=Path,
@@ -469,8 +513,9 @@ def build_parser() -> argparse.ArgumentParser:
         "python",
         nargs="?",
         type=Path,
-        metavar="PYTHON",
-        help="the environment's interpreter (default: python3 on PATH)",
+        metavar="PYTHON|DIR",
+        help="the environment's interpreter (default: python3 on PATH), or "
+        "the folder of a `pip install --target DIR`",
     )
     p.set_defaults(func=installed.cmd_verify_install)
 
@@ -508,6 +553,31 @@ def _split_report_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return own, rest
 
 
+EXPECTED_FAULTS = (
+    OSError,
+    ValueError,
+    subprocess.CalledProcessError,
+    zipfile.BadZipFile,
+)
+"""Faults of the machine or of a file (missing, unreadable, read-only,
+disk full, not JSON, a failed helper process): one line, not a traceback."""
+DEBUG_VAR = "PATCHSET_DEBUG"
+
+
+def describe_fault(exc: BaseException) -> str:
+    """One line naming what failed and where."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        where = exc.filename
+        if exc.filename2 is not None:
+            where = f"{where} -> {exc.filename2}"
+        return f"{where}: {exc.strerror or exc}"
+    if isinstance(exc, subprocess.CalledProcessError):
+        command = exc.cmd if isinstance(exc.cmd, str) else " ".join(map(str, exc.cmd))
+        return f"`{command}` exited {exc.returncode}"
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{text} ({type(exc).__name__}; {DEBUG_VAR}=1 shows the traceback)"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
@@ -523,6 +593,11 @@ def main(argv: list[str] | None = None) -> int:
     except PatchsetError as exc:
         print(f"patchset: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except EXPECTED_FAULTS as exc:
+        if os.environ.get(DEBUG_VAR):
+            raise
+        print(f"patchset: error: {describe_fault(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(
             "patchset: interrupted; nothing partial was left in place", file=sys.stderr

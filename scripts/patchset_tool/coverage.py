@@ -34,7 +34,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from patchset_tool.reports import exit_without_teardown, run_reports
+from patchset_tool.reports import (
+    add_tool_options,
+    exit_without_teardown,
+    run_reports,
+)
 from patchset_tool.runner import MODEL_TESTS_VAR, TREE_VAR
 
 
@@ -281,13 +285,27 @@ def format_report(report: dict[str, Any], seconds: float) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="patchset coverage", description=__doc__)
-    parser.add_argument("--config", default="glm-5.3-flash", metavar="NAME|PATH")
     parser.add_argument(
-        "--checkpoint", default="bf16", choices=("bf16", "block-fp8", "nvfp4")
+        "--config",
+        default="glm-5.3-flash",
+        metavar="NAME|PATH",
+        help="the model config (default: %(default)s)",
     )
-    parser.add_argument("--quantization", default=None)
-    parser.add_argument("--quantization-config", type=json.loads, default=None)
+    parser.add_argument(
+        "--checkpoint",
+        default="bf16",
+        choices=("bf16", "block-fp8", "nvfp4"),
+        help="the checkpoint's quantization (default: %(default)s)",
+    )
+    parser.add_argument("--quantization", default=None, help="as vLLM's --quantization")
+    parser.add_argument(
+        "--quantization-config",
+        type=json.loads,
+        default=None,
+        help="as vLLM's --quantization-config (JSON)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
+    add_tool_options(parser)
     return parser.parse_args(argv)
 
 

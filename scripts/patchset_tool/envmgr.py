@@ -187,6 +187,9 @@ def _uv_pip_install(python: Path, requirements: list[Path], base: Base) -> None:
 
 def setup(base: Base) -> Path:
     """Create or reuse `base`'s managed environment; return its python."""
+    ready = env_python(base, require=False)
+    if ready is not None:
+        return ready  # complete: nothing to write (the cache may be read-only)
     env = env_dir(base)
     python = env / "bin" / "python"
     with _locked(env):

@@ -26,12 +26,22 @@ def git_exe() -> str:
     return exe
 
 
+def git_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) with git's messages in English
+    whatever the user's LANG/LANGUAGE: the tool reads them."""
+    fixed = dict(os.environ if env is None else env)
+    fixed["LC_ALL"] = "C"
+    fixed.pop("LANGUAGE", None)
+    return fixed
+
+
 def git(
     *args: str, cwd: Path, check: bool = True, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run git in `cwd`; raise a PatchsetError with git's message on failure."""
+    """Run git in `cwd` (every git the tool runs goes through here, in the
+    C locale); raise a PatchsetError with git's message on failure."""
     proc = subprocess.run(
-        [git_exe(), *args], cwd=cwd, text=True, capture_output=True, env=env
+        [git_exe(), *args], cwd=cwd, text=True, capture_output=True, env=git_env(env)
     )
     if check and proc.returncode:
         raise PatchsetError(

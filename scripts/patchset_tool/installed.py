@@ -52,14 +52,15 @@ def purelib(python: Path) -> Path:
     return Path(proc.stdout.strip())
 
 
-def drifted_files(install: InstalledVllm) -> list[str]:
+def drifted_files(install: InstalledVllm, outside: bool = True) -> list[str]:
     """One line per file that is not as RECORD says: its hash differs, it
     is missing, or it lies in the package without a RECORD entry (bytecode
-    caches aside)."""
+    caches aside). Without `outside`, the files RECORD places outside the
+    folder (scripts, in a `pip install --target` folder) are left out."""
     problems = []
     for rel, want in install.record.items():
         path = install.site / rel
-        if not want:
+        if not want or (not outside and rel.startswith("../")):
             continue
         if not path.is_file():
             problems.append(f"{rel}: missing")
@@ -112,14 +113,25 @@ def verify_install(python: Path) -> int:
     """Print what vLLM the environment of `python` holds; raise naming the
     drifted files, if any. Returns 0 when every file matches RECORD."""
     site = purelib(python)
-    install = find_vllm(site)
     print(f"python: {python}")
+    return verify_site(site, outside=True)
+
+
+def verify_site(site: Path, outside: bool = False) -> int:
+    """`verify_install` for a folder vLLM is installed in: a site-packages
+    or a `pip install --target` folder (`outside`: also the files RECORD
+    places outside it, such as the scripts of an environment)."""
+    install = find_vllm(site)
     print(f"site-packages: {site}")
     print(f"vllm: {install.version} ({install.dist_info.name})")
     for line in describe_series(installed_series(install), install.version):
         print(line)
-    drift = drifted_files(install)
-    hashed = sum(1 for want in install.record.values() if want)
+    drift = drifted_files(install, outside)
+    hashed = sum(
+        1
+        for rel, want in install.record.items()
+        if want and (outside or not rel.startswith("../"))
+    )
     if drift:
         raise PatchsetError(
             f"{len(drift)} of the installed vLLM's files drifted from "
@@ -140,4 +152,6 @@ def default_python() -> Path:
 
 
 def cmd_verify_install(args: argparse.Namespace) -> int:
+    if args.python is not None and args.python.is_dir():
+        return verify_site(args.python)  # `pip install --target DIR`
     return verify_install(args.python or default_python())

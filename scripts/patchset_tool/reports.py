@@ -41,10 +41,35 @@ def batch_arguments(argv: list[str]) -> list[list[str]] | None:
     where = argv.index("--batch")
     if where + 1 >= len(argv) or len(argv) != 2:
         sys.exit("--batch FILE takes no other option (put them in FILE)")
-    cases = json.loads(Path(argv[where + 1]).read_text())
+    try:
+        cases = json.loads(Path(argv[where + 1]).read_text())
+    except OSError as exc:
+        sys.exit(f"patchset: error: --batch {argv[where + 1]}: {exc.strerror}")
+    except ValueError as exc:
+        sys.exit(f"patchset: error: --batch {argv[where + 1]}: not JSON ({exc})")
     if not isinstance(cases, list) or not all(isinstance(c, list) for c in cases):
         sys.exit(f"{argv[where + 1]}: expected a JSON list of argument lists")
     return [[str(arg) for arg in case] for case in cases]
+
+
+def add_tool_options(parser: argparse.ArgumentParser) -> None:
+    """Document the options `scripts/patchset` takes for every report (it
+    handles them itself; they never reach the report's own parser)."""
+    tool = parser.add_argument_group("options of scripts/patchset")
+    tool.add_argument(
+        "--base",
+        metavar="VERSION",
+        help="the vLLM release (see bases.toml; default: the primary base)",
+    )
+    tool.add_argument(
+        "--pristine", action="store_true", help="report for the unpatched install"
+    )
+    tool.add_argument(
+        "--batch",
+        metavar="FILE",
+        help="a JSON list of argument lists: one JSON line per list, from one "
+        "process (takes no other option)",
+    )
 
 
 def run_reports(

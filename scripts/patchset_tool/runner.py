@@ -73,11 +73,12 @@ def ensure_patched_tree(base: Base) -> None:
 
 
 def run(command: list[str], base: Base, pristine: bool, cwd: Path | None = None) -> int:
-    """Run `command` against one tree of `base`; return its exit status."""
+    """Run `command` against one tree of `base`, in `cwd` (default: the
+    caller's working directory); return its exit status."""
     python = envmgr.env_python(base)
     assert python is not None
     if not pristine:
         ensure_patched_tree(base)
     return subprocess.run(
-        command, env=tree_env(python, base, pristine), cwd=cwd or paths.REPO
+        command, env=tree_env(python, base, pristine), cwd=cwd
     ).returncode

@@ -12,6 +12,9 @@ MBOX_FROM = re.compile(r"^From [0-9a-f]{40} Mon Sep 17 00:00:00 2001$")
 PATCH_NAME = re.compile(r"^\d{4}-[A-Za-z0-9._-]+\.patch$")
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)")
+NAMED_PATH = re.compile(
+    r"^(?:--- |\+\+\+ |rename from |rename to |copy from |copy to )(.*?)\t?$"
+)
 
 
 @dataclass
@@ -143,7 +146,17 @@ def _parse_diff(path: Path, lines: list[str], start: int) -> list[FileDiff]:
             match = re.match(r"^diff --git a/(\S+) b/(\S+)$", line)
             if not match:
                 raise PatchsetError(f"{path}:{index + 1}: malformed diff header")
+            for named in match.groups():
+                _require_inside(path, index, named)
             files.append(FileDiff(match.group(2)))
+        elif files and (m := NAMED_PATH.match(line)):
+            named = m.group(1)
+            if line.startswith(("--- ", "+++ ")):
+                if named == "/dev/null":
+                    index += 1
+                    continue
+                named = re.sub(r"^[ab]/", "", named)
+            _require_inside(path, index, named)
         elif files and (m := INDEX.match(line)):
             files[-1].old_blob, files[-1].new_blob = m.groups()
         elif files and line.startswith("new file mode"):
@@ -157,6 +170,16 @@ def _parse_diff(path: Path, lines: list[str], start: int) -> list[FileDiff]:
             continue
         index += 1
     return files
+
+
+def _require_inside(patch: Path, index: int, named: str) -> None:
+    """Raise unless `named` (a path in a patch) stays inside the tree."""
+    parts = named.split("/")
+    if named.startswith("/") or ".." in parts or "" in parts or "\\" in named:
+        raise PatchsetError(
+            f"{patch}:{index + 1}: path '{named}' is absolute or leaves the "
+            "tree; a patch may only name files inside vLLM's tree"
+        )
 
 
 def _check_hunk(path: Path, lines: list[str], index: int, diff: FileDiff) -> int:

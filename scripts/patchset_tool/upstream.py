@@ -11,6 +11,7 @@ gates, `rebase --onto` ports a series from one release to the next with a
 three-way merge, and `worktree` gives a tree to edit.
 """
 
+import contextlib
 import hashlib
 import html.parser
 import json
@@ -24,7 +25,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from . import gitutil, paths
+from . import gitutil, paths, trees
 from .bases import Base, release_order
 from .errors import PatchsetError
 
@@ -104,31 +105,71 @@ def _sdist_link(version: str) -> tuple[str, str]:
     )
 
 
+def _file_sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
 def sdist(version: str) -> Path:
-    """VLLM's sdist for `version`, downloaded once and sha256-checked."""
+    """VLLM's sdist for `version`, downloaded once and sha256-checked, and
+    checked again against the recorded sha256 on every use: a damaged
+    copy is named and fetched again."""
     archive = paths.cache_root() / "sdists" / f"vllm-{version}.tar.gz"
-    if archive.is_file():
+    recorded = archive.with_name(archive.name + ".sha256")
+    if not archive.is_file():
+        return _fetch_sdist(version, archive, recorded)
+    got = _file_sha256(archive)
+    try:
+        want = recorded.read_text().strip()
+    except FileNotFoundError:
+        # Fetched (and checked against the index) by an older tool, which
+        # kept no digest: record the one it was checked with.
+        with contextlib.suppress(OSError):
+            recorded.write_text(got + "\n")
         return archive
+    if got == want:
+        return archive
+    print(
+        f"{archive}: damaged (sha256 {got[:16]}..., recorded {want[:16]}...); "
+        "fetching it again",
+        file=sys.stderr,
+        flush=True,
+    )
+    return _fetch_sdist(version, archive, recorded, damaged=True)
+
+
+def _fetch_sdist(
+    version: str, archive: Path, recorded: Path, damaged: bool = False
+) -> Path:
+    """Download the sdist, check it against the index's sha256 and only
+    then put it (and its digest) in place."""
     print(f"fetching the vllm=={version} sdist from the package index", flush=True)
+    partial = archive.with_name(archive.name + ".part")
     try:
         url, want = _sdist_link(version)
         archive.parent.mkdir(parents=True, exist_ok=True)
-        partial = archive.with_suffix(".part")
         with urllib.request.urlopen(url, timeout=600) as response:
             partial.write_bytes(response.read())
     except OSError as exc:
+        if damaged:
+            raise PatchsetError(
+                f"{archive} is damaged and could not be fetched again ({exc}); "
+                "run the same command again once the package index can be "
+                f"reached (or `rm {archive}` and copy vLLM's own sdist there)"
+            ) from exc
         raise PatchsetError(
             f"could not download vllm-{version}.tar.gz: {exc}; check the "
             "network and pip's index configuration, then run again"
         ) from exc
-    got = hashlib.sha256(partial.read_bytes()).hexdigest()
+    got = _file_sha256(partial)
     if got != want:
         partial.unlink()
         raise PatchsetError(
             f"vllm-{version}.tar.gz: sha256 {got} is not the index's {want}; "
             "nothing was kept"
         )
-    partial.rename(archive)
+    partial.replace(archive)
+    recorded.write_text(want + "\n")
     return archive
 
 
@@ -152,22 +193,37 @@ def _commit_release(repo: Path, version: str) -> None:
 def release_history() -> Path:
     """The cached git history of the declared releases, oldest first, one
     commit per sdist, tagged `v<version>`; built once from the cached sdists
-    for each set of declared bases."""
+    for each set of declared bases, and built again when a tag is missing
+    (a damaged or half-removed history)."""
     versions = [b.version for b in release_order()]
     # Keyed by the releases it holds, so that clones declaring other bases
     # (a branch adding one, say) keep their own history beside this one.
     repo = paths.cache_root() / "src" / ("vllm-history-" + "-".join(versions))
-    if (repo / ".git").is_dir():
+    if _has_releases(repo, versions):
         return repo
-    staging = repo.with_name(repo.name + ".staging")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    gitutil.git("init", "--quiet", "-b", "releases", cwd=staging)
-    for version in versions:
-        _commit_release(staging, version)
-    shutil.rmtree(repo, ignore_errors=True)
-    staging.rename(repo)
+    with trees.locked(repo):
+        if _has_releases(repo, versions):  # another run built it meanwhile
+            return repo
+        if repo.exists():
+            print(f"{repo}: incomplete; building it again", file=sys.stderr)
+        staging = repo.with_name(repo.name + ".staging")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        gitutil.git("init", "--quiet", "-b", "releases", cwd=staging)
+        for version in versions:
+            _commit_release(staging, version)
+        shutil.rmtree(repo, ignore_errors=True)
+        staging.rename(repo)
     return repo
+
+
+def _has_releases(repo: Path, versions: list[str]) -> bool:
+    """Whether `repo` is a git repository whose tags name every release."""
+    if not (repo / ".git").is_dir():
+        return False
+    tags = [f"v{v}^{{tree}}" for v in versions]
+    found = gitutil.git("rev-parse", *tags, cwd=repo, check=False)
+    return found.returncode == 0
 
 
 def scratch_clone(into: Path, base: Base) -> Path:

@@ -22,6 +22,7 @@ failure leaves nothing there.
 
 import argparse
 import base64
+import contextlib
 import csv
 import errno
 import hashlib
@@ -35,12 +36,12 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from . import apply, paths
+from . import apply, paths, trees
 from .bases import Base, get_base
 from .errors import PatchsetError
 from .series import Patch, load_series
@@ -197,13 +198,24 @@ def index_sha256(version: str) -> str:
     return str(digest)
 
 
+@contextlib.contextmanager
+def _download_dir(folder: Path, name: str) -> Iterator[str]:
+    """A fresh download folder for `name` (hold its lock), after removing
+    the ones a killed download left."""
+    for stale in folder.glob(f".download-{name}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=f".download-{name}-", dir=folder) as tmp:
+        yield tmp
+
+
 def _pip_download(version: str, sha256: str, folder: Path) -> None:
     """Download the wheel into `folder` with pip, which refuses any other
-    sha256; a failure keeps nothing."""
+    sha256; a failure keeps nothing (what a killed download left is
+    removed first)."""
     name = upstream_wheel_name(version)
     print(f"fetching {name} with pip (once; kept in {folder})", flush=True)
     folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".download-", dir=folder) as tmp:
+    with trees.locked(folder / name), _download_dir(folder, name) as tmp:
         pinned = Path(tmp) / "requirement.txt"
         pinned.write_text(f"vllm=={version} --hash=sha256:{sha256}\n")
         _pip(
@@ -474,6 +486,7 @@ def _write_atomically(target: Path, write: Callable[[Path], None], need: int) ->
         write(partial)
         with open(partial, "rb") as handle:
             os.fsync(handle.fileno())
+        os.chmod(partial, 0o666 & ~trees.umask())  # mkstemp made it 0600
         os.replace(partial, target)
     except BaseException as exc:
         partial.unlink(missing_ok=True)
@@ -545,5 +558,6 @@ def build_wheel(base: Base, upstream: UpstreamWheel, dist: Path) -> BuiltWheel:
 def cmd_build(args: argparse.Namespace) -> int:
     base = get_base(args.base)
     dist = args.dist or paths.REPO / "dist"
+    trees.refuse_install(dist, "--dist")
     print(build_wheel(base, upstream_wheel(base.version), dist))
     return 0

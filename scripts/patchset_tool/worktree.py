@@ -20,11 +20,10 @@ writes the new base's series and overlay.
 """
 
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
-from . import apply, check, gitutil, paths, upstream
+from . import apply, check, gitutil, paths, trees, upstream
 from .bases import Base
 from .distinfo import record_digest
 from .errors import PatchsetError
@@ -39,11 +38,40 @@ def default_worktree(base: Base) -> Path:
     return base.build_dir() / "work"
 
 
+def is_own_worktree(work: Path) -> bool:
+    """Whether `work` is a work tree this tool made (its marker lives in
+    .git/, out of the commits; older ones are known by their tag)."""
+    if (work / ".git" / trees.MARKER).is_file():
+        return True
+    return (work / ".git").is_dir() and (
+        git(
+            "rev-parse",
+            "-q",
+            "--verify",
+            f"refs/tags/{BASE_TAG}",
+            cwd=work,
+            check=False,
+        ).returncode
+        == 0
+    )
+
+
+def _refuse_dest(dest: Path) -> None:
+    """Raise unless `dest` is absent or an empty folder of the user's."""
+    if dest.is_dir() and is_own_worktree(dest):
+        raise PatchsetError(
+            f"{dest}: a work tree patchset made is already there; edit it and "
+            "run `scripts/patchset refresh N`, or remove it (`rm -rf "
+            f"{dest}`) and run again (nothing was changed)"
+        )
+    trees.refuse_foreign(dest, "--dest")
+
+
 def _clone_release(dest: Path, base: Base) -> Path:
     """A staging clone of the release history on a branch at `base`'s
-    tag, tagged `patchset-base`; the caller renames it to `dest`."""
-    if dest.exists():
-        raise PatchsetError(f"{dest} exists; remove it or pass another --dest")
+    tag, tagged `patchset-base`; the caller renames it to `dest` (absent
+    or empty) while holding its lock."""
+    _refuse_dest(dest)
     staging = dest.with_name(f".{dest.name}.staging")
     shutil.rmtree(staging, ignore_errors=True)
     staging.parent.mkdir(parents=True, exist_ok=True)
@@ -54,6 +82,7 @@ def _clone_release(dest: Path, base: Base) -> Path:
         str(staging),
         cwd=staging.parent,
     )
+    trees.mark(staging / ".git", "work-tree")
     git("checkout", "--quiet", "-b", f"glm5next-{base.version}", base.tag, cwd=staging)
     git("tag", BASE_TAG, cwd=staging)
     return staging
@@ -74,19 +103,34 @@ def _prove_source_is_the_wheel(work: Path, base: Base, patches: list[Patch]) -> 
         )
 
 
-def create(dest: Path, base: Base) -> int:
+def create(dest: Path, base: Base) -> tuple[int, bool]:
     """Create `base`'s work tree at `dest`: its release source, with the
     files the series touches proven equal to the installed wheel's RECORD,
-    and one commit per patch on top; return the number of patches."""
+    and one commit per patch on top. A work tree the tool made there
+    before is reused when its commits still hold the series. Return (the
+    number of patches, whether it was reused)."""
     patches = load_series(base.patches)
-    staging = _clone_release(dest, base)
-    try:
-        _prove_source_is_the_wheel(staging, base, patches)
-        gitutil.am_series(staging, patches)
-        staging.rename(dest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return len(patches)
+    if dest.is_dir() and is_own_worktree(dest):
+        try:
+            series_commits(dest, patches)
+        except PatchsetError:
+            raise PatchsetError(
+                f"{dest}: a work tree patchset made is already there, but its "
+                "commits no longer match the series; finish your edits there "
+                "with `scripts/patchset refresh N`, or remove it (`rm -rf "
+                f"{dest}`) and run again (nothing was changed)"
+            ) from None
+        return len(patches), True
+    _refuse_dest(dest)
+    with trees.locked(dest):
+        staging = _clone_release(dest, base)
+        try:
+            _prove_source_is_the_wheel(staging, base, patches)
+            gitutil.am_series(staging, patches)
+            staging.rename(dest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return len(patches), False
 
 
 def rebase(source: Base, onto: Base, dest: Path) -> list[str]:
@@ -102,15 +146,17 @@ def rebase(source: Base, onto: Base, dest: Path) -> list[str]:
             f"series; edit it with `worktree --base {onto.version}` instead"
         )
     branch = f"glm5next-{onto.version}"
-    staging = _clone_release(dest, onto)
-    try:
-        git("checkout", "--quiet", "--detach", source.tag, cwd=staging)
-        gitutil.am_series(staging, patches)
-        git("branch", "--force", branch, "HEAD", cwd=staging)
-        git("checkout", "--quiet", branch, cwd=staging)
-        staging.rename(dest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    _refuse_dest(dest)
+    with trees.locked(dest):
+        staging = _clone_release(dest, onto)
+        try:
+            git("checkout", "--quiet", "--detach", source.tag, cwd=staging)
+            gitutil.am_series(staging, patches)
+            git("branch", "--force", branch, "HEAD", cwd=staging)
+            git("checkout", "--quiet", branch, cwd=staging)
+            staging.rename(dest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     proc = git(
         *IDENTITY, "rebase", "--onto", onto.tag, source.tag, cwd=dest, check=False
     )
@@ -191,13 +237,26 @@ def series_commits(work: Path, patches: list[Patch], new: int = 0) -> list[str]:
     ).stdout.splitlines()
     commits = [line.split(" ", 1) for line in log]
     subjects = [c[1] if len(c) > 1 else "" for c in commits]
-    if len(subjects) != len(patches) + new or subjects[: len(patches)] != [
-        p.subject for p in patches
-    ]:
+    want = [p.subject for p in patches]
+    if subjects[: len(patches)] != want:
         raise PatchsetError(
             f"{work}: the commits after {BASE_TAG} do not match the series "
-            f"(got {subjects}, want {[p.subject for p in patches]}); "
-            "recreate it with `scripts/patchset worktree`"
+            f"(got {subjects}, want {want}); keep one commit per patch with "
+            "its subject (`git rebase -i patchset-base` to reword or reorder)"
+        )
+    extra = commits[len(patches) :]
+    if len(extra) != new:
+        listing = "\n  ".join(
+            f"{c[0][:12]} {c[1] if len(c) > 1 else ''}" for c in extra
+        )
+        raise PatchsetError(
+            f"{work}: {len(extra)} commit(s) after the series' {len(patches)}:\n"
+            f"  {listing}\n"
+            "Fold each into the patch it belongs to: `git commit --fixup=<that "
+            "patch's commit>` then `git rebase -i --autosquash patchset-base` "
+            "(or `git commit --amend` when it is the last), and run `scripts/"
+            f"patchset refresh N` again; or, for one commit that is a new "
+            f"patch, run `scripts/patchset refresh {len(patches) + 1}`"
         )
     return [c[0] for c in commits]
 
@@ -210,20 +269,16 @@ def _fold_edits(work: Path, target: str) -> None:
     git(*IDENTITY, "commit", "--quiet", f"--fixup={target}", cwd=work)
     env = gitutil.outside_repo_env(work)
     env["GIT_SEQUENCE_EDITOR"] = "true"
-    proc = subprocess.run(
-        [
-            gitutil.git_exe(),
-            *IDENTITY,
-            "rebase",
-            "--quiet",
-            "-i",
-            "--autosquash",
-            f"{target}^",
-        ],
+    proc = git(
+        *IDENTITY,
+        "rebase",
+        "--quiet",
+        "-i",
+        "--autosquash",
+        f"{target}^",
         cwd=work,
         env=env,
-        text=True,
-        capture_output=True,
+        check=False,
     )
     if proc.returncode:
         git("rebase", "--abort", cwd=work, check=False)

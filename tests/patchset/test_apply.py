@@ -22,9 +22,11 @@ def tree_digest(root: Path) -> str:
 
 
 def assert_nothing_written(project: Project) -> None:
-    """Nothing under build/ but, at most, the base's empty build/<version>/."""
+    """Nothing under build/ but, at most, the base's build/<version>/ with
+    the tree's lock file."""
     build = project.root / "build"
-    leftovers = [p for p in build.rglob("*") if p != project.build()]
+    lock = project.build() / ".vllm-patched.lock"
+    leftovers = [p for p in build.rglob("*") if p not in (project.build(), lock)]
     assert leftovers == [], leftovers
 
 
@@ -144,7 +146,10 @@ def test_interrupted_apply_leaves_no_partial_state(
     again = project.patchset("apply")
     assert again.returncode == 0, again.stderr
     assert [p.name for p in (project.root / "build").iterdir()] == [project.version]
-    assert [p.name for p in project.build().iterdir()] == ["vllm-patched"]
+    assert sorted(p.name for p in project.build().iterdir()) == [
+        ".vllm-patched.lock",
+        "vllm-patched",
+    ]
 
 
 def test_wrong_vllm_version_is_refused(

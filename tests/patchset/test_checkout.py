@@ -54,14 +54,26 @@ def test_checkout_check_mode_leaves_it_alone(project: Project, checkout: Path) -
     assert state(checkout) == before
 
 
+@pytest.mark.parametrize(
+    "locale",
+    [
+        {},
+        {"LANG": "C.UTF-8", "LANGUAGE": "de"},
+        {"LC_ALL": "C.UTF-8", "LANGUAGE": "fr"},
+    ],
+    ids=["default", "LANGUAGE=de", "LANGUAGE=fr"],
+)
 def test_checkout_conflict_names_patch_file_and_hunk(
-    project: Project, checkout: Path
+    project: Project, checkout: Path, locale: dict[str, str]
 ) -> None:
+    """In any locale: git's messages, which the tool reads, are English."""
     kda = checkout / KDA
     kda.write_text(kda.read_text().replace("import ", "import\t", 1))
     git("commit", "--quiet", "-am", "upstream moved on", cwd=checkout)
     before = state(checkout)
-    result = project.patchset("apply", "--vllm-src", str(checkout))
+    result = project.patchset(
+        "apply", "--vllm-src", str(checkout), env={**project.env, **locale}
+    )
     assert result.returncode == 1
     assert "0002-Model-Touch-KDA-and-the-package-init.patch" in result.stderr
     assert f"{KDA}: hunk #1" in result.stderr
@@ -241,3 +253,93 @@ def test_export_commits_are_authored_and_signed_off_by_the_exporter(
             "Signed-off-by: Test Author <a@example.com>",
             "Signed-off-by: Ex Porter <ex@example.com>",
         ]
+
+
+def test_refresh_says_what_to_do_with_a_new_commit(
+    project: Project, work: Path
+) -> None:
+    (work / PROBE).write_text((work / PROBE).read_text().replace("42", "44"))
+    git("commit", "--quiet", "-am", "tweak the probe", cwd=work)
+    series_before = [p.read_text() for p in sorted(project.patches().iterdir())]
+    result = project.patchset("refresh", "1", "--vllm-src", str(work))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "1 commit(s) after the series' 2" in result.stderr
+    assert "tweak the probe" in result.stderr
+    assert "git commit --fixup=" in result.stderr
+    assert "git rebase -i --autosquash patchset-base" in result.stderr
+    assert "scripts/patchset refresh 3" in result.stderr
+    assert [p.read_text() for p in sorted(project.patches().iterdir())] == (
+        series_before
+    )
+
+
+def test_worktree_reuses_the_work_tree_it_made(project: Project, work: Path) -> None:
+    (work / PROBE).write_text("# an edit in progress\n")
+    again = project.patchset("worktree", "--dest", str(work))
+    assert again.returncode == 0, again.stderr
+    assert f"work tree reused at {work}" in again.stdout
+    assert (work / PROBE).read_text() == "# an edit in progress\n"
+
+
+TEMPLATE = """<!-- markdownlint-disable -->
+
+## Overview
+
+<!-- Summarize the change in 1-2 lines. -->
+
+## Claims
+
+<!-- State the accomplishments
+in a few concrete bullets. -->
+
+## Validation
+
+<!-- Show evidence. -->
+
+## Details
+
+<!-- Explain motivation. -->
+
+---
+
+<details>
+<summary> Pull Request Checklist </summary>
+
+- [ ] **Design Fit:** Minimizes impact on core components.
+</details>
+"""
+
+
+def test_export_description_follows_the_release_template(
+    project: Project, checkout: Path, tmp_path: Path
+) -> None:
+    """The checkout's own .github/PULL_REQUEST_TEMPLATE.md gives the
+    headings and checklist; each paragraph is one line."""
+    template = checkout / ".github" / "PULL_REQUEST_TEMPLATE.md"
+    template.parent.mkdir()
+    template.write_text(TEMPLATE)
+    git("add", "--all", cwd=checkout)
+    git("commit", "--quiet", "-m", "add the template", cwd=checkout)
+    description = tmp_path / "pr.md"
+    result = project.patchset(
+        "export",
+        "--vllm-src",
+        str(checkout),
+        "--branch",
+        "b",
+        "--pr-description",
+        str(description),
+    )
+    assert result.returncode == 0, result.stderr
+    text = description.read_text()
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["## Overview", "## Claims", "## Validation", "## Details"]
+    assert "<!-- Summarize" not in text and "in a few concrete" not in text
+    assert "- [ ] **Design Fit:** Minimizes impact on core components." in text
+    assert text.index("## Details") < text.index("### [Model] Add a probe module")
+    assert text.index("### [Model] Add a probe module") < text.index("<details>")
+    assert (
+        "This change exists so that the tool's tests have a real patch with a "
+        "body that says why it is needed.\n" in text
+    )

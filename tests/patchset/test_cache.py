@@ -1,0 +1,145 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""A damaged cache: a cached sdist is checked against its recorded sha256
+on every use and fetched again (from a local index) when damaged; the
+release history is built again when it lacks a release."""
+
+import gzip
+import hashlib
+import http.server
+import io
+import tarfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from projectkit import git
+
+from patchset_tool import bases, upstream
+from patchset_tool.errors import PatchsetError
+
+VERSION = "9.9.9"
+
+
+def _sdist_bytes() -> bytes:
+    """A small real sdist: vllm-<VERSION>/README in a .tar.gz."""
+    data = io.BytesIO()
+    with (
+        gzip.GzipFile(fileobj=data, mode="wb", mtime=0) as zipped,
+        tarfile.open(fileobj=zipped, mode="w") as tar,
+    ):
+        text = f"vLLM {VERSION}\n".encode()
+        info = tarfile.TarInfo(f"vllm-{VERSION}/README")
+        info.size = len(text)
+        tar.addfile(info, io.BytesIO(text))
+    return data.getvalue()
+
+
+SDIST = _sdist_bytes()
+
+
+class _Index(http.server.BaseHTTPRequestHandler):
+    """A PEP 503 page for vllm with one sdist and its sha256."""
+
+    def do_GET(self) -> None:
+        name = f"vllm-{VERSION}.tar.gz"
+        if self.path.endswith("/vllm/"):
+            digest = hashlib.sha256(SDIST).hexdigest()
+            body = f'<a href="/files/{name}#sha256={digest}">{name}</a>'.encode()
+            kind = "text/html"
+        elif self.path == f"/files/{name}":
+            body, kind = SDIST, "application/octet-stream"
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def index() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Index)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/simple/"
+    server.shutdown()
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("GLM5NEXT_PATCHSET_CACHE", str(root))
+    return root
+
+
+def damaged_sdist(cache: Path) -> Path:
+    archive = cache / "sdists" / f"vllm-{VERSION}.tar.gz"
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(SDIST[:-1] + b"Z")
+    digest = hashlib.sha256(SDIST).hexdigest()
+    archive.with_name(archive.name + ".sha256").write_text(digest + "\n")
+    return archive
+
+
+def test_sdist_is_fetched_checked_and_recorded(
+    cache: Path, index: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIP_INDEX_URL", index)
+    archive = upstream.sdist(VERSION)
+    assert archive.read_bytes() == SDIST
+    recorded = archive.with_name(archive.name + ".sha256").read_text()
+    assert recorded == hashlib.sha256(SDIST).hexdigest() + "\n"
+
+
+def test_damaged_sdist_is_named_and_fetched_again(
+    cache: Path, index: str, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    archive = damaged_sdist(cache)
+    monkeypatch.setenv("PIP_INDEX_URL", index)
+    assert upstream.sdist(VERSION) == archive
+    assert archive.read_bytes() == SDIST
+    assert f"{archive}: damaged" in capsys.readouterr().err
+    assert sorted(p.name for p in archive.parent.iterdir()) == [
+        archive.name,
+        archive.name + ".sha256",
+    ]
+
+
+def test_damaged_sdist_offline_is_named_with_the_fix(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive = damaged_sdist(cache)
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple/")
+    with pytest.raises(PatchsetError) as caught:
+        upstream.sdist(VERSION)
+    message = str(caught.value)
+    assert f"{archive} is damaged and could not be fetched again" in message
+    assert "run the same command again" in message
+    assert archive.read_bytes() == SDIST[:-1] + b"Z"  # not removed
+
+
+def test_history_missing_a_release_is_built_again(
+    cache: Path, index: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A history whose tag for a declared release is gone (a damaged or
+    half-removed cache) is built again from the checked sdist."""
+    monkeypatch.setenv("PIP_INDEX_URL", index)
+    monkeypatch.setattr(
+        upstream, "release_order", lambda: [bases.Base(VERSION, "0", True)]
+    )
+    repo = upstream.release_history()
+    assert (repo / "README").read_text() == f"vLLM {VERSION}\n"
+    git("tag", "-d", f"v{VERSION}", cwd=repo)
+    (repo / "README").unlink()
+    assert upstream.release_history() == repo
+    assert git("tag", cwd=repo).split() == [f"v{VERSION}"]
+    assert (repo / "README").read_text() == f"vLLM {VERSION}\n"
+    leftovers = sorted(p.name for p in repo.parent.iterdir())
+    assert leftovers == [f".{repo.name}.lock", repo.name]
