@@ -28,6 +28,7 @@ from typing import Any
 
 from . import apply, envmgr, neighbours, paths, runner, sourcetree, upstream
 from .bases import Base, get_base
+from .errors import PatchsetError
 from .series import load_series
 
 TETHERING = "tools/pre_commit/check_test_tethering.py"
@@ -147,7 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", required=True)
     parser.add_argument("checkout", type=Path, help="the release's source")
     args = parser.parse_args(argv)
-    print(report(get_base(args.base), args.checkout))
+    try:
+        print(report(get_base(args.base), args.checkout))
+    except (PatchsetError, OSError) as exc:
+        print(f"patchset: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
