@@ -130,3 +130,19 @@ def declared_differences() -> dict[str, str]:
         }
     except (KeyError, TypeError) as exc:
         raise PatchsetError(f"{DECLARATION}: malformed [[difference]]: {exc}") from exc
+
+
+def declared_same() -> dict[str, str]:
+    """Paths (in vLLM's tree) whose overlay copy must be the same file in
+    every base, mapped to the reason `bases.toml` gives (its `[[same]]`
+    tables: `paths` and `reason`)."""
+    same: dict[str, str] = {}
+    try:
+        for table in _declaration().get("same", []):
+            listed, reason = table["paths"], str(table["reason"])
+            if not isinstance(listed, list):
+                raise TypeError("`paths` must be a list of paths")
+            same |= {str(path): reason for path in listed}
+    except (KeyError, TypeError) as exc:
+        raise PatchsetError(f"{DECLARATION}: malformed [[same]]: {exc}") from exc
+    return same

@@ -7,7 +7,10 @@ Patches are made with `git format-patch --full-index`, so each file's
 proves from hashes alone that consecutive patches chain and that the last
 post-image of every file is that base's overlay copy. Across the bases it
 proves that the series carry the same patches by subject, in the same
-order, unless `bases.toml` declares a difference with its reason.
+order, unless `bases.toml` declares a difference with its reason, and
+that each file `bases.toml` declares the same (`[[same]]`) is one file in
+every base's overlay, so that a fix made for one base cannot be forgotten
+for another.
 """
 
 import hashlib
@@ -15,7 +18,7 @@ import re
 
 from . import envmgr, paths
 from .apply import default_install
-from .bases import Base, declared_differences, load_bases
+from .bases import Base, declared_differences, declared_same, load_bases
 from .errors import PatchsetError
 from .series import Patch, load_series, read_series
 
@@ -168,6 +171,31 @@ def _compare_subjects(series: dict[str, list[Patch]]) -> list[str]:
     ]
 
 
+def _compare_same_files(bases: list[Base]) -> list[str]:
+    """Each path `bases.toml` declares the same has one content in every
+    base's overlay (which the series' result already equals)."""
+    problems = []
+    for path in declared_same():
+        copies = {b.version: b.copy_of(path) for b in bases}
+        missing = [v for v, copy in copies.items() if not copy.is_file()]
+        if missing:
+            problems.append(
+                f"{path}: declared the same in every base, but vLLM "
+                f"{', '.join(missing)} has no copy in its overlay"
+            )
+            continue
+        blobs = {v: git_blob_id(copy.read_bytes()) for v, copy in copies.items()}
+        if len(set(blobs.values())) > 1:
+            problems.append(
+                f"{path}: declared the same in every base ([[same]] in "
+                "bases.toml), but the copies differ: "
+                + ", ".join(f"vLLM {v} {blob[:12]}" for v, blob in blobs.items())
+                + "; make the change in every base's series, or take the path "
+                "out of [[same]]"
+            )
+    return problems
+
+
 def check() -> list[str]:
     """Check every base's series; raise listing all problems, else return
     notes."""
@@ -176,11 +204,13 @@ def check() -> list[str]:
     for base in load_bases():
         series[base.version], base_notes = check_base_series(base)
         notes += base_notes
-    problems = _compare_subjects(series)
+    problems = _compare_subjects(series) + _compare_same_files(load_bases())
     if problems:
         raise PatchsetError("check failed:\n  " + "\n  ".join(problems))
     notes.append(
         f"{len(series)} bases carry the same {len(next(iter(series.values())))} "
         "patches by subject, in order"
     )
+    if same := declared_same():
+        notes.append(f"{len(same)} files declared the same are one file in every base")
     return notes

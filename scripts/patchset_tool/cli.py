@@ -16,6 +16,7 @@ from . import (
     apply,
     bisect,
     check,
+    ci_impact,
     envmgr,
     export,
     gitutil,
@@ -472,6 +473,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _base_option(p)
     p.set_defaults(func=cmd_upstream_checks)
+
+    p = sub.add_parser(
+        "ci-impact",
+        help="which of the base's Buildkite steps a PR with the series "
+        "triggers, and which of their tests `test` runs here",
+    )
+    _base_option(p)
+    p.set_defaults(func=ci_impact.cmd_ci_impact)
 
     p = sub.add_parser(
         "gpu",

@@ -11,7 +11,9 @@ Both run as upstream CI runs them: `pytest -v -s models/glm5next` from the
 checkout's `tests/` with upstream's conftest, beside upstream's own glm5next
 tests. Only the tests in `expected-skips.txt` (which need a GPU) may skip,
 and only those in `expected-cpu-failures.txt` (upstream's own, failing on a
-CPU-only host with or without the series) may fail on both. Then the lint,
+CPU-only host with or without the series) may fail on both. For each base,
+upstream's neighbouring test files (ci/upstream_neighbours.txt, see
+neighbours.py) must have the same outcome pristine and patched. Then the lint,
 upstream's own tethering and SPDX checks over this repository, and per base
 the upstream gates on the release source.
 
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from . import apply, check, envmgr, paths, runner, sourcetree, upstream
+from . import apply, check, envmgr, neighbours, paths, runner, sourcetree, upstream
 from .bases import Base
 from .junit import read_node_list, read_outcomes
 from .series import load_series
@@ -233,6 +235,13 @@ def run_tests(bases: list[Base], jobs: int = 2) -> int:
                     ),
                 )
             )
+    for base in bases:
+        work.append(
+            (
+                Part(f"{base.version}: upstream neighbours, pristine = patched"),
+                partial(neighbours.run_part, python=pythons[base.version], base=base),
+            )
+        )
     work.append(
         (
             Part("lint (ruff, ruff-format, mypy, typos)"),

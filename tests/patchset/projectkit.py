@@ -3,6 +3,7 @@
 """Helpers for the tool's tests: a copy of this project and real patches
 made with git against real pristine vLLM files."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -89,9 +90,11 @@ def declare_bases(
     versions: list[str],
     differences: dict[str, str] | None = None,
     commit: str = "0123456789",
+    same: list[str] | None = None,
 ) -> None:
     """Rewrite the project's bases.toml: `versions` (the first one
-    primary), and the declared differences {subject: reason}. A version
+    primary), the declared differences {subject: reason} and the paths
+    declared the same in every base (one `[[same]]` table). A version
     without requirements gets a pin of its own, so that it has no managed
     environment (its base files are not verified against RECORD)."""
     text = ""
@@ -104,6 +107,8 @@ def declare_bases(
             pins.write_text(f"vllm=={version}\n")
     for subject, reason in (differences or {}).items():
         text += f'[[difference]]\nsubject = "{subject}"\nreason = "{reason}"\n\n'
+    if same:
+        text += f'[[same]]\npaths = {json.dumps(same)}\nreason = "shared"\n'
     (project.root / "bases.toml").write_text(text)
     project.version = versions[0]
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from projectkit import (
+    PROBE_TEST,
     SPDX,
     Project,
     build_history,
@@ -147,6 +148,25 @@ def test_check_names_the_base_whose_series_differs(
     result = project.patchset("check")
     assert result.returncode == 0, result.stderr
     assert "2 bases carry the same 2 patches by subject, in order" in result.stdout
+
+
+def test_check_fails_when_a_file_declared_the_same_drifts(
+    project: Project, pristine_site: Path, tmp_path: Path
+) -> None:
+    declare_bases(project, [OLD, NEW], same=[PROBE_TEST])
+    write_series(project, pristine_site, two_patches(), tmp_path / "a", OLD)
+    write_series(project, pristine_site, two_patches(), tmp_path / "b", NEW)
+    result = project.patchset("check")
+    assert result.returncode == 0, result.stderr
+    assert "1 files declared the same are one file in every base" in result.stdout
+
+    drifted = two_patches()
+    drifted[0][1][PROBE_TEST] = lambda _: SPDX + "def test_probe():\n    pass\n"
+    write_series(project, pristine_site, drifted, tmp_path / "c", NEW)
+    result = project.patchset("check")
+    assert result.returncode == 1, result.stdout
+    assert f"{PROBE_TEST}: declared the same in every base" in result.stderr
+    assert f"vLLM {OLD} " in result.stderr and f"vLLM {NEW} " in result.stderr
 
 
 def test_check_needs_every_declared_base_to_have_a_series(

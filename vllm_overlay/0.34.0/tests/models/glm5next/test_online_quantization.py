@@ -1,8 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Online quantization reaches GLM-5.3-Flash's BF16 attention projections
-(KDA, MLA, DSA indexer) only when `--quantization-config` asks for it; the
-checkpoint's own method never does."""
+"""Online quantization requested with `--quantization-config` reaches
+GLM-5.3-Flash's BF16 attention projections (KDA, MLA, DSA indexer)."""
 
 import pytest
 import torch
@@ -26,22 +25,21 @@ pytestmark = [
     pytest.mark.skip_global_cleanup,
 ]
 
-# The all-196 regex of the recommended configuration.
+# The attention projections of the recommended all-projection regex.
 TARGETS = {
     "targets": {
-        "re:.*[.]layers[.]([0-9]|[1-3][0-9]|4[0-4])[.](self_attn[.]"
-        "(in_proj_qkvbfg_a|o_proj|fused_qkv_a_proj|q_b_proj|indexer[.]wq_b)|"
-        "mlp[.]shared_experts[.](gate_proj|up_proj|gate_up_proj|down_proj))": "mxfp8"
+        "re:.*[.]self_attn[.](in_proj_qkvbfg_a|o_proj|fused_qkv_a_proj|q_b_proj|"
+        "indexer[.]wq_b)": "mxfp8"
     }
 }
+LINEAR = {"linear": "mxfp8"}
 
 # case: (checkpoint, --quantization, --quantization-config)
 CASES = {
-    "checkpoint": ("block-fp8", "fp8", None),
     "checkpoint+targets": ("block-fp8", "fp8", TARGETS),
-    "checkpoint+linear": ("block-fp8", "fp8", {"linear": "mxfp8"}),
-    "online-targets": ("bf16", "online", TARGETS),
-    "mxfp8": ("bf16", "mxfp8", None),
+    "checkpoint+linear": ("block-fp8", "fp8", LINEAR),
+    "online+targets": ("bf16", "online", TARGETS),
+    "online+linear": ("bf16", "online", LINEAR),
 }
 
 PROJECTIONS = {
@@ -50,27 +48,15 @@ PROJECTIONS = {
         "q_b_proj",
         "o_proj",
         "indexer.wq_b",
+        "kv_b_proj",
     ),
     "linear_attention": ("in_proj_qkvbfg_a", "f_b_proj", "g_b_proj", "o_proj"),
 }
-ALWAYS_UNQUANTIZED = {
-    "deepseek_sparse_attention": ("kv_b_proj", "indexer.wk_weights_proj"),
-    "linear_attention": ("conv1d",),
-}
-# Projections named by TARGETS (the K=128 KDA gate projections are not).
-TARGETED = {
-    "in_proj_qkvbfg_a",
-    "o_proj",
-    "fused_qkv_a_proj",
-    "q_b_proj",
-    "indexer.wq_b",
-}
-QUANTIZED = {
-    "checkpoint": set(),
-    "checkpoint+targets": TARGETED,
-    "checkpoint+linear": {p for ps in PROJECTIONS.values() for p in ps},
-    "online-targets": TARGETED,
-    "mxfp8": set(),
+# kv_b_proj is absorbed into the W_UK/W_UV weights after loading: never
+# quantized. TARGETS leaves out the KDA gate projections (K=128).
+UNQUANTIZED = {
+    "linear": {"kv_b_proj"},
+    "targets": {"kv_b_proj", "f_b_proj", "g_b_proj"},
 }
 
 
@@ -97,73 +83,48 @@ def layers_of_type(glm5_flash_config, layer_type: str) -> list[int]:
     return [i for i, t in enumerate(layer_types) if t == layer_type]
 
 
+def quant_methods(module, names) -> dict[str, type]:
+    return {n: type(module.get_submodule(n).quant_method) for n in names}
+
+
 @pytest.mark.parametrize("layer_type", list(PROJECTIONS))
 @pytest.mark.parametrize("case", list(CASES))
-def test_attention_projections_take_only_online_quantization(
+def test_online_config_reaches_attention_projections(
     case, layer_type, glm5_flash_config, make_glm5_flash_vllm_config
 ):
+    """`linear` and `targets` quantize the same projections whichever the
+    checkpoint: block-FP8 (composed) or BF16 (`--quantization online`)."""
     vllm_config = make_glm5_flash_vllm_config(*CASES[case])
     layer_idx = layers_of_type(glm5_flash_config, layer_type)[0]
     attn = build_layer(vllm_config, layer_idx, device="meta").self_attn
 
-    names = PROJECTIONS[layer_type] + ALWAYS_UNQUANTIZED[layer_type]
-    methods = {n: type(attn.get_submodule(n).quant_method) for n in names}
-    expected = {
-        n: Mxfp8OnlineLinearMethod if n in QUANTIZED[case] else UnquantizedLinearMethod
-        for n in names
-    }
-    assert methods == expected
-
-
-def projection_methods(attn, names) -> dict[str, type]:
-    return {n: type(attn.get_submodule(n).quant_method) for n in names}
-
-
-@pytest.mark.parametrize("case", ["checkpoint+targets", "checkpoint+linear"])
-def test_mtp_layer_takes_the_target_quant_config(
-    case, glm5_flash_config, make_glm5_flash_vllm_config
-):
-    """The MTP layer (index 45) is built with the target's quant config: the
-    recommended targets (layers 0-44) leave its MLA projections BF16, while
-    `{"linear": ...}` quantizes them too."""
-    vllm_config = make_glm5_flash_vllm_config(*CASES[case])
-    mtp_idx = glm5_flash_config["num_hidden_layers"]
-    layer = build_layer(vllm_config, mtp_idx, device="meta", is_mtp_layer=True)
-
-    names = PROJECTIONS["deepseek_sparse_attention"]
-    method = Mxfp8OnlineLinearMethod if case == "checkpoint+linear" else None
-    assert projection_methods(layer.self_attn, names) == {
-        n: method or UnquantizedLinearMethod for n in names
+    unquantized = UNQUANTIZED[case.split("+")[1]]
+    assert quant_methods(attn, PROJECTIONS[layer_type]) == {
+        n: UnquantizedLinearMethod if n in unquantized else Mxfp8OnlineLinearMethod
+        for n in PROJECTIONS[layer_type]
     }
 
 
-def test_mega_moe_keeps_the_checkpoint_quant_config(
-    glm5_flash_config, make_glm5_flash_vllm_config, monkeypatch
+def test_quantization_shorthand_keeps_attention_projections_bf16(
+    glm5_flash_config, make_glm5_flash_vllm_config
 ):
-    """With MegaMoE, the experts kernel owns the shared experts and takes its
-    block size from the checkpoint's config; the attention projections still
-    take the online targets."""
-    monkeypatch.setattr(
-        "vllm.model_executor.layers.fused_moe.deep_gemm_mega_moe."
-        "check_deep_gemm_mega_moe_supported",
-        lambda *args: None,
+    """`--quantization mxfp8` quantizes the MLPs and, as before, none of these
+    projections; `--quantization online` with the same scheme reaches them."""
+    layer_idx = layers_of_type(glm5_flash_config, "linear_attention")[0]
+    shorthand = build_layer(
+        make_glm5_flash_vllm_config("bf16", "mxfp8"), layer_idx, "meta"
     )
-    # Built on the meta device, the experts ask for the accelerator's index.
-    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
-    vllm_config = make_glm5_flash_vllm_config(
-        *CASES["checkpoint+targets"],
-        moe_backend="deep_gemm_mega_moe",
-        enable_expert_parallel=True,
+    explicit = build_layer(
+        make_glm5_flash_vllm_config(*CASES["online+linear"]), layer_idx, "meta"
     )
-    layer_idx = layers_of_type(glm5_flash_config, "deepseek_sparse_attention")[0]
-    layer = build_layer(vllm_config, layer_idx, device="meta")
 
-    assert layer.mlp.shared_experts is None
-    assert layer.mlp.experts.weight_block_size == (128, 128)
-    names = PROJECTIONS["deepseek_sparse_attention"]
-    assert projection_methods(layer.self_attn, names) == {
-        n: Mxfp8OnlineLinearMethod if n in TARGETED else UnquantizedLinearMethod
-        for n in names
+    names = PROJECTIONS["linear_attention"]
+    assert type(shorthand.mlp.down_proj.quant_method) is Mxfp8OnlineLinearMethod
+    assert quant_methods(shorthand.self_attn, names) == {
+        n: UnquantizedLinearMethod for n in names
+    }
+    assert quant_methods(explicit.self_attn, names) == {
+        n: Mxfp8OnlineLinearMethod for n in names
     }
 
 
@@ -204,9 +165,8 @@ def test_fp8_mla_weights_reach_online_target_as_bf16(
         "kv_a_proj_with_mqa": (config.kv_lora_rank, config.hidden_size),
     }
     kv_a_pad_size = config.qk_rope_head_dim if config.mla_use_nope else 0
-    from_fp8_idx, from_bf16_idx = layers_of_type(
-        glm5_flash_config, "deepseek_sparse_attention"
-    )[:2]
+    mla_layers = layers_of_type(glm5_flash_config, "deepseek_sparse_attention")
+    from_fp8_idx, from_bf16_idx = mla_layers[:2]
     device = current_platform.device_type
     from_fp8 = build_layer(vllm_config, from_fp8_idx, device)
     from_bf16 = build_layer(vllm_config, from_bf16_idx, device)

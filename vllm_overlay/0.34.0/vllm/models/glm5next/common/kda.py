@@ -245,7 +245,7 @@ class Glm5NextLinearAttention(GatedDeltaNetAttention):
         super().__init__(config, vllm_config, prefix)
         # KDA projections are BF16 in every checkpoint (fp8 checkpoints omit
         # their scales); only explicitly requested online quantization applies.
-        self.quant_config = bf16_projection_quant_config(vllm_config.quant_config)
+        self.quant_config = bf16_projection_quant_config(vllm_config)
 
         self.head_dim = config.linear_head_dim
         self.num_heads = config.linear_num_heads
