@@ -58,6 +58,26 @@ def tree_env(python: Path, base: Base, pristine: bool) -> dict[str, str]:
     return env
 
 
+SUITE_PRISTINE_VAR = "GLM5NEXT_VERIFY_PRISTINE_ROOT"
+SUITE_PATCHED_VAR = "GLM5NEXT_VERIFY_PATCHED_ROOT"
+
+
+def suite_env(python: Path, base: Base) -> dict[str, str]:
+    """The environment of the verification suite (tests/models/glm5next) for
+    `base`: `tree_env` of its patched tree, plus where its two trees are,
+    each with its own vLLM cache (the names `glm5next_verify` reads):
+    the pristine install's site-packages and the patched tree."""
+    env = tree_env(python, base, pristine=False)
+    roots = {
+        SUITE_PRISTINE_VAR: ("pristine", apply.default_install(base).site),
+        SUITE_PATCHED_VAR: ("patched", base.patched_tree()),
+    }
+    for var, (tree, root) in roots.items():
+        env[var] = str(root)
+        env[f"{var}_CACHE"] = vllm_cache_root(f"{base.version}-{tree}")
+    return env
+
+
 def ensure_patched_tree(base: Base) -> None:
     """Re-apply `base`'s series when its patched tree is missing or stale."""
     install = apply.default_install(base)
