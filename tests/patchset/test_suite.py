@@ -42,11 +42,13 @@ def test_suite_env_names_the_pristine_install_and_the_patched_tree(
     assert (pristine / "vllm" / "__init__.py").is_file()
     assert not (pristine / STAMP).exists()
     assert patched == primary_base.patched_tree()
-    caches = {env[f"{v}_CACHE"] for v in (runner.SUITE_PRISTINE_VAR, runner.SUITE_PATCHED_VAR)}
+    caches = {
+        env[f"{v}_CACHE"] for v in (runner.SUITE_PRISTINE_VAR, runner.SUITE_PATCHED_VAR)
+    }
     assert len(caches) == 2
 
 
-SUITE_PROBE = '''
+SUITE_PROBE = """
 import os
 from pathlib import Path
 
@@ -65,7 +67,7 @@ def test_needs_a_gpu():
 
 def test_skips_for_no_listed_reason():
     pytest.skip("not listed")
-'''
+"""
 
 
 def test_suite_part_holds_the_suite_to_its_expected_skips(
@@ -92,7 +94,5 @@ def test_suite_part_holds_the_suite_to_its_expected_skips(
     python = Path(cli.envmgr.env_python(primary_base) or "")
     testcmd.verification_suite(part, python, primary_base)
     assert (part.passed, part.failed, part.skipped) == (1, 0, 2)
-    assert part.problems == [
-        "skipped, not listed: "
-        "tests/models/glm5next/test_probe.py::test_skips_for_no_listed_reason"
-    ]
+    unlisted = "tests/models/glm5next/test_probe.py::test_skips_for_no_listed_reason"
+    assert part.problems == [f"skipped, not listed: {unlisted}"]

@@ -11,7 +11,8 @@ target's MLA layers and of the drafter's attention with vLLM's own
 `get_attn_backend` and sparse-MLA canonicalization, in the order the model
 builds them: the target first, its canonical dtype written back into the
 shared `CacheConfig` as `MLAAttention.__init__` does, then the drafter with
-the config Model Runner V2's speculator passes to `get_model`. It prints
+the config Model Runner V2's speculator passes to `get_model` (and, where
+the release still has it, with the V1 proposer's: `drafter_v1`). It prints
 `RESULTS <json>`: per case the selections, every error with its type,
 message and whether vLLM raised it, and the fp8_ds_mla row bytes.
 """
@@ -66,8 +67,7 @@ def case_id(
 ) -> str:
     suffix = "" if par == "tp1" else f"-{par}"
     return (
-        f"{capability}-{model}-{dtype}-backend={backend or 'auto'}-spec={spec}"
-        f"{suffix}"
+        f"{capability}-{model}-{dtype}-backend={backend or 'auto'}-spec={spec}{suffix}"
     )
 
 
@@ -219,6 +219,21 @@ def _v2_drafter_config(vllm_config):
     return captured["config"]
 
 
+def _v1_drafter_config(vllm_config):
+    """The config the V1 proposer builds the drafter with, where the release
+    still has one (0.33.0's `SpecDecodeBaseProposer`); None elsewhere."""
+    from types import SimpleNamespace
+
+    try:
+        from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+    except ImportError:
+        return None
+    proposer = SimpleNamespace(
+        vllm_config=vllm_config, speculative_config=vllm_config.speculative_config
+    )
+    return SpecDecodeBaseProposer._create_draft_vllm_config(proposer)  # type: ignore[arg-type]
+
+
 def _error(exc: BaseException) -> dict[str, Any]:
     """An error's type, message, and whether vLLM itself raised it (the
     innermost frame is in the vllm package, or pydantic validated one of
@@ -304,9 +319,7 @@ def _mla_row_bytes(vllm_config, selection: str) -> int:
         qk_rope_head_dim=text_config.qk_rope_head_dim,
     )
     if hasattr(impl_cls, "get_fp8_ds_mla_row_bytes"):  # 0.34.0 asks the impl
-        impl.get_fp8_ds_mla_row_bytes = partial(
-            impl_cls.get_fp8_ds_mla_row_bytes, impl
-        )
+        impl.get_fp8_ds_mla_row_bytes = partial(impl_cls.get_fp8_ds_mla_row_bytes, impl)
     layer = SimpleNamespace(
         impl=impl,
         kv_cache_dtype=kv_cache_dtype,
@@ -318,7 +331,8 @@ def _mla_row_bytes(vllm_config, selection: str) -> int:
     )
     with set_current_vllm_config(vllm_config):
         spec = MLAAttention.get_kv_cache_spec(layer, vllm_config)  # type: ignore[arg-type]
-    return spec.real_page_size_bytes // spec.block_size
+    # an MLA layer's spec (MLAAttentionSpec) has it
+    return spec.real_page_size_bytes // spec.block_size  # type: ignore[attr-defined]
 
 
 def resolve_case(case: dict[str, Any], model_dirs: dict[str, str]) -> dict[str, Any]:
@@ -355,13 +369,18 @@ def resolve_case(case: dict[str, Any], model_dirs: dict[str, str]) -> dict[str, 
     if target.endswith("/fp8_ds_mla"):
         notes["row_bytes"] = _mla_row_bytes(vllm_config, target)
     if vllm_config.speculative_config is not None:
-        draft_config = _v2_drafter_config(vllm_config)
-        selection["drafter"] = _layer_selection(
-            draft_config,
-            vllm_config.speculative_config.draft_model_config,
-            case["parallel"],
-            notes,
-        )
+        drafters = {
+            "drafter": _v2_drafter_config(vllm_config),
+            "drafter_v1": _v1_drafter_config(vllm_config),
+        }
+        for layer, draft_config in drafters.items():
+            if draft_config is not None:
+                selection[layer] = _layer_selection(
+                    draft_config,
+                    vllm_config.speculative_config.draft_model_config,
+                    case["parallel"],
+                    notes,
+                )
     return {"selection": selection, **notes}
 
 

@@ -335,4 +335,3 @@ def tree_env(root: Path, cache_root: str | None) -> dict[str, str]:
     if cache_root:
         env["VLLM_CACHE_ROOT"] = cache_root
     return env
-

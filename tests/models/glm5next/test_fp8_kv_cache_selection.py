@@ -49,6 +49,9 @@ def _run_worker(tree: str, tmp_dir: Path, case_ids: list[str]) -> dict[str, Any]
         pytest.fail(f"{var} is not set: run this suite with `scripts/patchset test`")
     assert root is not None
     env = verify.tree_env(root, os.environ.get(var + verify.CACHE_VAR_SUFFIX))
+    # Triton then keeps its GPU driver although none is active, as on a GPU
+    # host: vLLM 0.33.0 imports Model Runner V2's drafter code only with it.
+    env["CUDA_VISIBLE_DEVICES"] = ""
     if not verify.has_libcuda():
         stub = verify.build_libcuda_stub(tmp_dir)
         if stub is None:
@@ -153,25 +156,22 @@ def test_sm100_cases_resolve_a_backend(
     trees: dict[str, dict[str, Any]], expectations: dict[str, Any]
 ) -> None:
     """On the mocked SM100 device every layer resolves a real backend in
-    both trees, except the cases the expectations file names, with the
-    reason (and the error's message must say it)."""
-    unresolvable: dict[str, dict[str, str]] = expectations["sm100_unresolvable"]
+    both trees, except where the expectations file lists why it cannot: each
+    error of an SM100 case must say what a matching entry says."""
+    unresolvable: list[dict[str, str]] = expectations["sm100_unresolvable"]
     wrong = []
     for tree, results in trees.items():
         for case_id, result in results["cases"].items():
             if not case_id.startswith("sm100-"):
                 continue
             reasons = [
-                r for pattern, r in unresolvable.items() if fnmatch.fnmatch(case_id, pattern)
+                u["says"] for u in unresolvable if fnmatch.fnmatch(case_id, u["cases"])
             ]
-            failed = any(s.startswith("error") for s in result["selection"].values())
-            messages = " ".join(e["message"] for e in result.get("errors", []))
-            if failed and not reasons:
-                wrong.append(f"{tree} {case_id}: {result['selection']}: {messages[:300]}")
-            elif failed and not any(r["says"] in messages for r in reasons):
-                wrong.append(f"{tree} {case_id}: not for the listed reason: {messages[:300]}")
-            elif not failed and reasons:
-                wrong.append(f"{tree} {case_id}: listed as unresolvable but resolves")
+            wrong += [
+                f"{tree} {case_id}: {e['message'][:400]}"
+                for e in result.get("errors", [])
+                if not any(says in e["message"] for says in reasons)
+            ]
     assert not wrong, "\n".join(wrong)
 
 
