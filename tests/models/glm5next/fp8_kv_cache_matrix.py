@@ -31,6 +31,7 @@ GLM = "glm512"
 DEEPSEEK = "ds576"
 EAGLE3 = "eagle3-draft"
 LLAMA_DRAFT = "llama-draft"
+DSPARK_DRAFT = "qwen3-dspark-draft"
 FI_SM90 = "FLASHINFER_MLA_SPARSE_SM90"
 FLASHMLA = "FLASHMLA_SPARSE"
 FA_SPARSE = "FLASH_ATTN_MLA_SPARSE"
@@ -51,6 +52,8 @@ SPECULATIVE_CONFIGS: dict[str, dict[str, Any] | None] = {
         "model": LLAMA_DRAFT,
         "num_speculative_tokens": 1,
     },
+    # a DSpark drafter (Qwen3 layout, config only)
+    "dspark": {"method": "dspark", "model": DSPARK_DRAFT, "num_speculative_tokens": 4},
 }
 PARALLEL: dict[str, dict[str, int]] = {
     "tp1": {},
@@ -179,12 +182,24 @@ def llama_draft_config(architecture: str) -> dict[str, Any]:
     }
 
 
+def qwen3_dspark_draft_config() -> dict[str, Any]:
+    """A config-only DSpark drafter (no weights are read): the Qwen3 layout
+    vLLM 0.34.0 registers for `DSparkDraftModel` with model_type qwen3,
+    conditioned on two target layers that both targets have."""
+    return llama_draft_config("DSparkDraftModel") | {
+        "model_type": "qwen3",
+        "block_size": 4,
+        "dflash_config": {"target_layer_ids": [0, 1], "mask_token_id": 0},
+    }
+
+
 def write_model_dirs(root: Path) -> dict[str, str]:
     configs = {
         GLM: verify.load_glm5_flash_config(),
         DEEPSEEK: deepseek_v32_config(),
         EAGLE3: llama_draft_config("LlamaForCausalLMEagle3"),
         LLAMA_DRAFT: llama_draft_config("LlamaForCausalLM"),
+        DSPARK_DRAFT: qwen3_dspark_draft_config(),
     }
     return {
         m: str(verify.write_model_dir(root / m, config=c)) for m, c in configs.items()
