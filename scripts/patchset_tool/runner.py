@@ -11,7 +11,6 @@ from . import apply, envmgr, paths
 from .bases import Base
 
 TREE_VAR = "GLM5NEXT_PATCHSET_TREE"
-MODEL_TESTS_VAR = "GLM5NEXT_PATCHSET_MODEL_TESTS"
 
 
 def vllm_cache_root(tree: str) -> str:
@@ -39,7 +38,6 @@ def tree_env(python: Path, base: Base, pristine: bool) -> dict[str, str]:
     # processes that build its CUDA launchers in the background: on a CPU
     # host they build nothing, but cost seconds of CPU per vLLM import.
     env["HUMMING_DISABLE_PARALLEL_BUILD"] = "1"
-    env[MODEL_TESTS_VAR] = str(base.copy_of(str(paths.MODEL_TESTS)))
     env.pop("PYTHONHOME", None)
     # Let the patched tree and the tests keep their bytecode between runs;
     # importing vLLM from source every time costs tens of seconds.

@@ -96,3 +96,17 @@ def test_suite_part_holds_the_suite_to_its_expected_skips(
     assert (part.passed, part.failed, part.skipped) == (1, 0, 2)
     unlisted = "tests/models/glm5next/test_probe.py::test_skips_for_no_listed_reason"
     assert part.problems == [f"skipped, not listed: {unlisted}"]
+
+
+def test_reports_take_their_helpers_from_the_suite(tmp_path: Path) -> None:
+    """`coverage` and `capacity` build GLM-5.3-Flash with the suite's public
+    helpers, not with private names of a series' test files (which a series
+    may drop)."""
+    from patchset_tool import capacity, coverage
+
+    helpers = coverage.load_helpers()
+    assert Path(helpers.__file__) == paths.SUITE / "glm5next_verify.py"
+    assert helpers.load_glm5_flash_config()["architectures"]
+    model_dir = helpers.write_model_dir(tmp_path / "model", {"quant_method": "fp8"})
+    assert (model_dir / "config.json").is_file()
+    assert capacity.load_helpers is coverage.load_helpers
