@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Shared helpers of this project's GLM-5.3-Flash verification suite.
+"""Shared helpers of this project's GLM-5.3-Flash verification suite, and of
+`scripts/patchset coverage` and `capacity`, which load this file.
 
 One copy for every base. It holds:
 

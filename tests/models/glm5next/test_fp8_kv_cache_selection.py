@@ -6,12 +6,12 @@ same run, except where `fp8_kv_cache_expectations.json` lists the patched
 selection the series intends.
 
 Both trees resolve every case of `fp8_kv_cache_matrix.CASES` (SM90 and
-SM100, GLM-5.3-Flash's 512-wide latent and DeepSeek-V3.2's 576, every
-`--kv-cache-dtype`, explicit backends, no drafter / MTP / EAGLE3 / a draft
-model, tensor and decode-context parallelism) in one worker process each,
-on a mocked CUDA device. `scripts/patchset test` names the trees:
-`GLM5NEXT_VERIFY_PRISTINE_ROOT` and `GLM5NEXT_VERIFY_PATCHED_ROOT` are
-directories holding the base's pristine and patched `vllm` package.
+SM100; GLM-5.3-Flash's 512-wide latent and DeepSeek-V3.2's 576; every
+`--kv-cache-dtype`; explicit backends; no drafter, MTP, EAGLE3, a draft
+model or a DSpark drafter; tensor and decode-context parallelism) in one
+worker process each, on a mocked CUDA device. `scripts/patchset test` names
+the trees: `GLM5NEXT_VERIFY_PRISTINE_ROOT` and `GLM5NEXT_VERIFY_PATCHED_ROOT`
+are directories holding the base's pristine and patched `vllm` package.
 
 A case cannot pass because both trees fail the same way on this host: every
 error must be one vLLM raises on purpose (a `ValueError` or a config
