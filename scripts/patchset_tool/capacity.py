@@ -16,8 +16,8 @@ CUDA platform reporting capability 9.0 (GLM-5.3-Flash's
 by the CUDA platform's priorities and canonicalizes the dtype as it does on a
 GPU, and the CUDA platform sizes the blocks of the hybrid model. Only what
 needs a GPU is stubbed: the attention implementations, GEMM kernel selection,
-and the CUDA driver (a stub `libcuda.so.1`, see
-tests/models/glm5next/test_fp8_kv_cache.py).
+and the CUDA driver (a stub `libcuda.so.1`); the helpers are the
+verification suite's (tests/models/glm5next/glm5next_verify.py).
 
 Run inside the managed environment, with the tree to inspect first on
 sys.path (`scripts/patchset capacity [--base] ...` does both):
@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import importlib.util
 import os
 import sys
 import tempfile
@@ -45,8 +43,7 @@ from typing import Any
 from patchset_tool.coverage import (
     build_models,
     is_mtp_layer,
-    load_conftest,
-    model_tests,
+    load_helpers,
     single_process_distributed,
 )
 from patchset_tool.reports import (
@@ -63,33 +60,24 @@ DEFAULT_BUDGET_GIB = 65.37
 DTYPES = {"auto": ("auto",), "fp8": ("fp8",), "both": ("auto", "fp8")}
 
 
-def load_fp8_kv_cache_tests() -> ModuleType:
-    """tests/models/glm5next/test_fp8_kv_cache.py, for its mocked CUDA
-    platform, backend selection and driver stub."""
-    spec = importlib.util.spec_from_file_location(
-        "glm5next_fp8_kv_cache", model_tests() / "test_fp8_kv_cache.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def load_cuda_driver(tests: ModuleType, tmp_dir: Path) -> None:
+def load_cuda_driver(helpers: ModuleType, tmp_dir: Path) -> None:
     """Load libcuda.so.1, or build and load the three-symbol stub, so that
     vllm.platforms.cuda imports without a GPU."""
-    env = tests.libcuda_stub_env(tmp_dir)
-    library = env.get("GLM5NEXT_TEST_LIBCUDA_STUB", "libcuda.so.1")
-    ctypes.CDLL(library, mode=os.RTLD_GLOBAL)
+    if not helpers.has_libcuda():
+        stub = helpers.build_libcuda_stub(tmp_dir)
+        if stub is None:
+            sys.exit("capacity needs libcuda.so.1 or gcc to build a driver stub")
+        os.environ[helpers.LIBCUDA_STUB_VAR] = str(stub)
+    helpers.load_libcuda()
 
 
 @contextlib.contextmanager
-def sm90_platform(tests: ModuleType) -> Iterator[None]:
+def sm90_platform(helpers: ModuleType) -> Iterator[None]:
     """Make vLLM's CUDA platform, reporting SM90, current; restore after."""
     import vllm.platforms as platforms
 
     old = platforms.current_platform
-    tests.use_mocked_cuda_platform(*SM90)
+    helpers.use_mocked_cuda_platform(*SM90)
     new = platforms.current_platform
     try:
         yield
@@ -130,7 +118,7 @@ def create_vllm_config(
     ).create_engine_config()
 
 
-def gpu_less_impl(real_impl: type, conftest: ModuleType) -> type:
+def gpu_less_impl(real_impl: type, helpers: ModuleType) -> type:
     """The model tests' GPU-less sparse MLA implementation, keeping its
     constructor arguments and, where the real implementation sizes
     fp8_ds_mla rows itself (0.34.0 and later), that method."""
@@ -142,19 +130,19 @@ def gpu_less_impl(real_impl: type, conftest: ModuleType) -> type:
     row_bytes = getattr(real_impl, "get_fp8_ds_mla_row_bytes", None)
     if row_bytes is not None:
         attrs["get_fp8_ds_mla_row_bytes"] = row_bytes
-    return type(real_impl.__name__, (conftest.NoGpuSparseMLAImpl,), attrs)
+    return type(real_impl.__name__, (helpers.NoGpuSparseMLAImpl,), attrs)
 
 
-def mla_backend_stub(tests: ModuleType, conftest: ModuleType) -> Any:
+def mla_backend_stub(helpers: ModuleType) -> Any:
     """A `get_attn_backend` for MLAAttention: the backend vLLM's own selector
     picks on the SM90 platform, with an implementation that needs no GPU."""
     from vllm.v1.attention import selector
 
     def get_attn_backend(head_size: int, *args: Any, **kwargs: Any) -> Any:
         selector._cached_get_attn_backend.cache_clear()
-        with sm90_platform(tests):
+        with sm90_platform(helpers):
             real = selector.get_attn_backend(head_size, *args, **kwargs)
-        impl = gpu_less_impl(real.get_impl_cls(), conftest)
+        impl = gpu_less_impl(real.get_impl_cls(), helpers)
         return type(
             real.__name__, (real,), {"get_impl_cls": staticmethod(lambda: impl)}
         )
@@ -305,8 +293,7 @@ def capacity(vllm_config: Any, config: Any) -> dict[str, Any]:
 
 
 def measure_dtype(
-    tests: ModuleType,
-    conftest: ModuleType,
+    helpers: ModuleType,
     model_dir: Path,
     dtype: str,
     args: argparse.Namespace,
@@ -318,14 +305,14 @@ def measure_dtype(
     import vllm.v1.worker.utils  # noqa: F401 - import on CPU, not on mocked CUDA
 
     with pytest.MonkeyPatch.context() as mp:
-        conftest.stub_gpu_only_parts(mp)
-        mp.setattr(mla_attention, "get_attn_backend", mla_backend_stub(tests, conftest))
-        with sm90_platform(tests):
+        helpers.stub_gpu_only_parts(mp)
+        mp.setattr(mla_attention, "get_attn_backend", mla_backend_stub(helpers))
+        with sm90_platform(helpers):
             vllm_config = create_vllm_config(model_dir, dtype, args)
         engine_dtype = vllm_config.cache_config.cache_dtype
         with single_process_distributed(vllm_config):
             layers = build_layers(vllm_config, args.tp)
-            with sm90_platform(tests):
+            with sm90_platform(helpers):
                 from vllm.platforms import current_platform
 
                 current_platform.update_block_size_for_backend(vllm_config)
@@ -349,13 +336,12 @@ def mla_bytes_per_token(column: dict[str, Any]) -> float:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Plan every requested dtype and compare them."""
-    tests = load_fp8_kv_cache_tests()
-    conftest = load_conftest()
+    helpers = load_helpers()
     with tempfile.TemporaryDirectory() as tmp:
-        load_cuda_driver(tests, Path(tmp))
-        model_dir = conftest.write_model_dir(Path(tmp) / "glm-5.3-flash")
+        load_cuda_driver(helpers, Path(tmp))
+        model_dir = helpers.write_model_dir(Path(tmp) / "glm-5.3-flash")
         columns = {
-            d: measure_dtype(tests, conftest, model_dir, d, args)
+            d: measure_dtype(helpers, model_dir, d, args)
             for d in DTYPES[args.kv_cache_dtype]
         }
     report: dict[str, Any] = {

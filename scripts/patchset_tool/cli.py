@@ -199,11 +199,20 @@ BENCHMARK = paths.REPO / "benchmarks" / gpu.BENCH_SCRIPT
 
 
 def gpu_test_files(base: Base) -> list[Path]:
-    """The base's copies of the series' tests that need an SM90 GPU: the
-    series' test files that its expected-skips list names."""
+    """The tests to stage for an SM90 GPU: the files of the verification
+    suite (one copy for every base) that its expected-skips list names, and
+    any other test file of `base`'s series that the base's list names (the
+    suite's copy wins over a series file of the same name)."""
+    suite = sorted(
+        {
+            paths.REPO / name.split("::", 1)[0]
+            for name in read_node_list(paths.SUITE_EXPECTED_SKIPS)
+        }
+    )
     skipped = {name.split("::", 1)[0] for name in read_node_list(base.expected_skips)}
-    ours = set(sourcetree.series_test_files(base))
-    return [base.copy_of(f) for f in sorted(skipped & ours)]
+    ours = sorted(skipped & set(sourcetree.series_test_files(base)))
+    names = {test.name for test in suite}
+    return suite + [base.copy_of(f) for f in ours if Path(f).name not in names]
 
 
 def cmd_gpu(args: argparse.Namespace) -> int:

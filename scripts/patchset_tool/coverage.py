@@ -16,7 +16,7 @@ sys.path (`scripts/patchset coverage [--base] -- ...` does both):
     python -m patchset_tool.coverage --batch FILE  (see reports.py)
 
 The configuration, the checkpoint emulations and the stubs of GPU-only parts
-are the ones of tests/models/glm5next/conftest.py.
+are the ones of tests/models/glm5next/glm5next_verify.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
@@ -34,21 +33,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from patchset_tool import paths
 from patchset_tool.reports import (
     add_tool_options,
     exit_without_teardown,
     run_reports,
 )
-from patchset_tool.runner import MODEL_TESTS_VAR, TREE_VAR
-
-
-def model_tests() -> Path:
-    """The chosen base's copy of the series' model tests."""
-    where = os.environ.get(MODEL_TESTS_VAR)
-    if not where:
-        sys.exit(f"{MODEL_TESTS_VAR} is not set; run this through `scripts/patchset`")
-    return Path(where)
-
+from patchset_tool.runner import TREE_VAR
 
 NVFP4_CHECKPOINT = {
     "quant_method": "modelopt",
@@ -66,9 +57,12 @@ NVFP4_CHECKPOINT = {
 }
 
 
-def load_conftest() -> ModuleType:
+def load_helpers() -> ModuleType:
+    """The verification suite's public helpers, one copy for every base
+    (tests/models/glm5next/glm5next_verify.py): GLM-5.3-Flash's
+    configuration, the CPU stubs and the mocked CUDA device."""
     spec = importlib.util.spec_from_file_location(
-        "glm5next_conftest", model_tests() / "conftest.py"
+        "glm5next_verify", paths.SUITE / "glm5next_verify.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -76,15 +70,15 @@ def load_conftest() -> ModuleType:
     return module
 
 
-def checkpoints(conftest: ModuleType) -> dict[str, dict[str, Any] | None]:
-    return {**conftest.CHECKPOINTS, "nvfp4": NVFP4_CHECKPOINT}
+def checkpoints(helpers: ModuleType) -> dict[str, dict[str, Any] | None]:
+    return {**helpers.CHECKPOINTS, "nvfp4": NVFP4_CHECKPOINT}
 
 
 def write_model_dir(
-    conftest: ModuleType, config: str, quant: dict[str, Any] | None, path: Path
+    helpers: ModuleType, config: str, quant: dict[str, Any] | None, path: Path
 ) -> Path:
     if config == "glm-5.3-flash":
-        return conftest.write_model_dir(path, quant)
+        return helpers.write_model_dir(path, quant)
     data = json.loads(Path(config).read_text())
     if quant is not None:
         data["quantization_config"] = quant
@@ -93,7 +87,7 @@ def write_model_dir(
     return path
 
 
-def stub_nvfp4_kernels(mp: Any, conftest: ModuleType) -> None:
+def stub_nvfp4_kernels(mp: Any, helpers: ModuleType) -> None:
     """Stub the GPU kernel choice of NVIDIA's NVFP4 checkpoint method, which
     the model tests do not use: its linear kernel (as the tests stub the
     others) and its MoE backend (the emulation path, which builds on CPU)."""
@@ -103,7 +97,7 @@ def stub_nvfp4_kernels(mp: Any, conftest: ModuleType) -> None:
     mp.setattr(
         modelopt,
         "init_nvfp4_linear_kernel",
-        lambda *a, **k: conftest.NoGpuLinearKernel(),
+        lambda *a, **k: helpers.NoGpuLinearKernel(),
     )
     mp.setattr(
         modelopt,
@@ -113,11 +107,11 @@ def stub_nvfp4_kernels(mp: Any, conftest: ModuleType) -> None:
 
 
 def create_vllm_config(
-    conftest: ModuleType, model_dir: Path, args: argparse.Namespace
+    helpers: ModuleType, model_dir: Path, args: argparse.Namespace
 ) -> Any:
     """The engine config of serving `model_dir` with MTP, made by the model
     tests' own factory (which knows the CPU platform's quirks per base)."""
-    return conftest.create_vllm_config(
+    return helpers.create_vllm_config(
         model_dir,
         args.quantization,
         args.quantization_config,
@@ -227,13 +221,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Build the model with the GPU-only parts stubbed and count layers."""
     import pytest
 
-    conftest = load_conftest()
-    quant = checkpoints(conftest)[args.checkpoint]
+    helpers = load_helpers()
+    quant = checkpoints(helpers)[args.checkpoint]
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
-        conftest.stub_gpu_only_parts(mp)
-        stub_nvfp4_kernels(mp, conftest)
-        model_dir = write_model_dir(conftest, args.config, quant, Path(tmp) / "model")
-        vllm_config = create_vllm_config(conftest, model_dir, args)
+        helpers.stub_gpu_only_parts(mp)
+        stub_nvfp4_kernels(mp, helpers)
+        model_dir = write_model_dir(helpers, args.config, quant, Path(tmp) / "model")
+        vllm_config = create_vllm_config(helpers, model_dir, args)
         with single_process_distributed(vllm_config):
             target, draft = build_models(vllm_config)
     layers = vllm_config.model_config.hf_text_config.num_hidden_layers

@@ -8,6 +8,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 MODEL_TESTS = Path("tests/models/glm5next")
 """Where the series' model tests live in vLLM's source tree."""
+SUITE = REPO / "tests" / "models" / "glm5next"
+"""This project's own verification suite, one copy for every base."""
+SUITE_EXPECTED_SKIPS = SUITE / "expected-skips.txt"
+"""The suite's tests that may skip on a CPU-only host (they need a GPU)."""
 REQUIREMENTS = REPO / "ci" / "requirements"
 
 CACHE_ENV_VAR = "GLM5NEXT_PATCHSET_CACHE"

@@ -11,7 +11,6 @@ from . import apply, envmgr, paths
 from .bases import Base
 
 TREE_VAR = "GLM5NEXT_PATCHSET_TREE"
-MODEL_TESTS_VAR = "GLM5NEXT_PATCHSET_MODEL_TESTS"
 
 
 def vllm_cache_root(tree: str) -> str:
@@ -39,7 +38,6 @@ def tree_env(python: Path, base: Base, pristine: bool) -> dict[str, str]:
     # processes that build its CUDA launchers in the background: on a CPU
     # host they build nothing, but cost seconds of CPU per vLLM import.
     env["HUMMING_DISABLE_PARALLEL_BUILD"] = "1"
-    env[MODEL_TESTS_VAR] = str(base.copy_of(str(paths.MODEL_TESTS)))
     env.pop("PYTHONHOME", None)
     # Let the patched tree and the tests keep their bytecode between runs;
     # importing vLLM from source every time costs tens of seconds.
@@ -55,6 +53,26 @@ def tree_env(python: Path, base: Base, pristine: bool) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(
         [*extra, str(paths.REPO / "scripts"), *inherited]
     )
+    return env
+
+
+SUITE_PRISTINE_VAR = "GLM5NEXT_VERIFY_PRISTINE_ROOT"
+SUITE_PATCHED_VAR = "GLM5NEXT_VERIFY_PATCHED_ROOT"
+
+
+def suite_env(python: Path, base: Base) -> dict[str, str]:
+    """The environment of the verification suite (tests/models/glm5next) for
+    `base`: `tree_env` of its patched tree, plus where its two trees are,
+    each with its own vLLM cache (the names `glm5next_verify` reads):
+    the pristine install's site-packages and the patched tree."""
+    env = tree_env(python, base, pristine=False)
+    roots = {
+        SUITE_PRISTINE_VAR: ("pristine", apply.default_install(base).site),
+        SUITE_PATCHED_VAR: ("patched", base.patched_tree()),
+    }
+    for var, (tree, root) in roots.items():
+        env[var] = str(root)
+        env[f"{var}_CACHE"] = vllm_cache_root(f"{base.version}-{tree}")
     return env
 
 

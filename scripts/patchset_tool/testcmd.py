@@ -13,7 +13,9 @@ tests. Only the tests in `expected-skips.txt` (which need a GPU) may skip,
 and only those in `expected-cpu-failures.txt` (upstream's own, failing on a
 CPU-only host with or without the series) may fail on both. For each base,
 upstream's neighbouring test files (ci/upstream_neighbours.txt, see
-neighbours.py) must have the same outcome pristine and patched. Then the lint,
+neighbours.py) must have the same outcome pristine and patched, and this
+project's verification suite (tests/models/glm5next), whose selection matrix
+compares the pristine and the patched tree in one run, must pass. Then the lint,
 upstream's own tethering and SPDX checks over this repository, and per base
 the upstream gates on the release source.
 
@@ -141,6 +143,18 @@ def model_tests(part: Part, python: Path, base: Base, patched: bool) -> None:
     _expect(part, outcomes, failures, read_node_list(base.expected_skips))
 
 
+def verification_suite(part: Part, python: Path, base: Base) -> None:
+    """This project's verification suite (tests/models/glm5next, one copy for
+    every base) on `base`: its selection matrix resolves every case on the
+    base's pristine install and on its patched tree in the same run. Only the
+    tests in the suite's expected-skips.txt (which need a GPU) may skip."""
+    command = [str(python), "-m", "pytest", "-v", "-p", "no:cacheprovider"]
+    suite = paths.SUITE.relative_to(paths.REPO).as_posix()
+    env = runner.suite_env(python, base)
+    outcomes = _pytest(part, [*command, suite], paths.REPO, env)
+    _expect(part, outcomes, skips=read_node_list(paths.SUITE_EXPECTED_SKIPS))
+
+
 def upstream_gates(part: Part, python: Path, base: Base) -> None:
     """The series on the base's real release source: `git am -3`, then
     upstream's own tethering and SPDX hooks on the files it changes."""
@@ -240,6 +254,12 @@ def run_tests(bases: list[Base], jobs: int = 2) -> int:
             (
                 Part(f"{base.version}: upstream neighbours, pristine = patched"),
                 partial(neighbours.run_part, python=pythons[base.version], base=base),
+            )
+        )
+        work.append(
+            (
+                Part(f"{base.version}: verification suite, pristine vs patched"),
+                partial(verification_suite, python=pythons[base.version], base=base),
             )
         )
     work.append(
