@@ -217,10 +217,24 @@ class Glm5NextModelConfig(VerifyAndUpdateConfig):
             spec_config.kv_cache_dtype = "auto"
 
     @staticmethod
+    def _drafter_shares_mla_layout(vllm_config: "VllmConfig") -> bool:
+        """Whether the drafter's layers store the target's MLA cache rows: an
+        MTP drafter, or a DSpark drafter whose own attention is MLA."""
+        spec_config = vllm_config.speculative_config
+        if spec_config is None:
+            return False
+        if spec_config.method == "mtp":
+            return True
+        return (
+            spec_config.method == "dspark"
+            and spec_config.draft_model_config is not None
+            and spec_config.draft_model_config.use_mla
+        )
+
+    @staticmethod
     def _pinned_mla_backends(vllm_config: "VllmConfig") -> list["AttentionBackendEnum"]:
         """The attention backends chosen by the user for the target's MLA
-        layers and for an MTP or DSpark drafter, which shares their KV cache
-        layout."""
+        layers and for a drafter that shares their KV cache layout."""
         from vllm.v1.kv_cache_interface import KVCacheSpecKind
 
         attn_config = vllm_config.attention_config
@@ -230,7 +244,8 @@ class Glm5NextModelConfig(VerifyAndUpdateConfig):
             )
         ]
         spec_config = vllm_config.speculative_config
-        if spec_config is not None and spec_config.method in ("mtp", "dspark"):
+        if Glm5NextModelConfig._drafter_shares_mla_layout(vllm_config):
+            assert spec_config is not None
             pinned.append(spec_config.attention_backend)
         return [backend for backend in pinned if backend is not None]
 
@@ -257,8 +272,8 @@ class Glm5NextModelConfig(VerifyAndUpdateConfig):
     def _use_fp8_ds_mla_on_sm90(vllm_config: "VllmConfig") -> None:
         """Give `--kv-cache-dtype fp8` on Hopper the meaning it has for 576-wide
         sparse MLA models, FlashMLA's fp8_ds_mla rows, when every MLA layer can
-        store them: no backend chosen for the target or its MTP/DSpark drafter
-        lacks fp8_ds_mla, such a drafter asks for no other cache dtype, and
+        store them: no backend chosen for the target or a drafter sharing its
+        layout lacks fp8_ds_mla, such a drafter asks for no other cache dtype, and
         FlashMLA can run the context parallelism asked for. Otherwise the
         request keeps FlashInfer's per-tensor fp8 rows, as on SM90 before and
         as `fp8_e4m3` always selects.
@@ -283,10 +298,7 @@ class Glm5NextModelConfig(VerifyAndUpdateConfig):
                 "FLASHINFER_MLA_SPARSE_SM90 for both (per-tensor fp8)."
             )
         spec_config = vllm_config.speculative_config
-        shares_layout = spec_config is not None and spec_config.method in (
-            "mtp",
-            "dspark",
-        )
+        shares_layout = Glm5NextModelConfig._drafter_shares_mla_layout(vllm_config)
         drafter_dtype = spec_config.kv_cache_dtype if spec_config else None
         if (
             len(storing) < len(pinned)
@@ -308,7 +320,8 @@ class Glm5NextModelConfig(VerifyAndUpdateConfig):
             if spec_config.kv_cache_dtype == "fp8":
                 spec_config.kv_cache_dtype = "fp8_ds_mla"
         elif spec_config.kv_cache_dtype is None:
-            # A drafter of its own architecture keeps per-tensor fp8.
+            # A drafter with its own layout (EAGLE3, a draft model, a
+            # non-MLA DSpark drafter) keeps per-tensor fp8.
             spec_config.kv_cache_dtype = "fp8"
 
 
