@@ -196,6 +196,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 BENCHMARK = paths.REPO / "benchmarks" / gpu.BENCH_SCRIPT
+QUANT_BENCHMARK = paths.REPO / "benchmarks" / gpu.QUANT_BENCH_SCRIPT
 
 
 def gpu_test_files(base: Base) -> list[Path]:
@@ -224,6 +225,8 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     if envmgr.env_python(base, require=False) is None:
         envmgr.setup(base)
     runner.ensure_patched_tree(base)
+    if args.bench == "quant":
+        return stage_quant_bench(base)
     dest = paths.build_dir() / "gpu" / f"stage-{base.version}"
     tests = gpu_test_files(base)
     if not tests:
@@ -255,8 +258,39 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     print(
         f"staged {len(tests)} test file(s) for vLLM {base.version} in {dest}.\n"
         f"On the H200, from a copy of this repository carrying {stage_rel}, run:\n"
-        f"  {gpu.device_command(stage_rel, bench=args.bench)}\n"
+        f"  {gpu.device_command(stage_rel, bench=bool(args.bench))}\n"
         "then bring back $OUT and run: "
+        f"scripts/patchset gpu --base {base.version} --collect DIR"
+    )
+    return 0
+
+
+def stage_quant_bench(base: Base) -> int:
+    """Stage the online-quantization benchmark alone (no tests), with the
+    base's config.json of GLM-5.3-Flash."""
+    dest = paths.build_dir() / "gpu" / f"stage-quant-{base.version}"
+    config = base.copy_of("tests/models/glm5next/glm-5.3-flash-config.json")
+    try:
+        gpu.stage(
+            base.patched_tree(),
+            [],
+            dest,
+            cache_dir=paths.cache_root() / "gpu-xz",
+            bench=QUANT_BENCHMARK,
+            bench_files=(BENCHMARK, config),
+            python_files=gpu.PYTHON_FILES + gpu.QUANT_PYTHON_FILES,
+            beside=gitutil.working_tree_bytes(paths.REPO),
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        raise PatchsetError(str(exc)) from exc
+    stage_rel = dest.relative_to(paths.REPO).as_posix()
+    command = gpu.device_command(
+        stage_rel, bench=True, script=gpu.QUANT_BENCH_SCRIPT, tests=False
+    )
+    print(
+        f"staged the online-quantization benchmark for vLLM {base.version} in "
+        f"{dest}.\nOn the H200, from a copy of this repository carrying "
+        f"{stage_rel}, run:\n  {command}\nthen bring back $OUT and run: "
         f"scripts/patchset gpu --base {base.version} --collect DIR"
     )
     return 0
@@ -499,11 +533,14 @@ def build_parser() -> argparse.ArgumentParser:
     _base_option(p)
     p.add_argument(
         "--bench",
-        action="store_true",
+        nargs="?",
+        const="decode",
+        choices=("decode", "quant"),
         help=(
-            "stage the KV-cache benchmark too; on the primary base with "
-            "FlashInfer's SM90 MLA (compiled here with nvcc; the other "
-            "bases' stages leave no room for it)"
+            "stage the KV-cache decode benchmark too (on the primary base with "
+            "FlashInfer's SM90 MLA, compiled here with nvcc; the other bases' "
+            "stages leave no room for it); `--bench quant`: stage the "
+            "online-quantization linear benchmark alone"
         ),
     )
     p.add_argument(

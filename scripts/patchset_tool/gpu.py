@@ -64,6 +64,23 @@ XZ_PRESET = 9 | lzma.PRESET_EXTREME
 
 BENCH_SCRIPT = "bench_glm5_mla_kv_cache.py"
 
+QUANT_BENCH_SCRIPT = "bench_glm5_online_quant_linear.py"
+"""The online-quantization benchmark: it reads `QUANT_PYTHON_FILES` (vLLM's
+weight-side quantization functions) through `from_vllm_source` of
+`BENCH_SCRIPT`, which travels beside it, with the model's config.json."""
+
+QUANT_PYTHON_FILES = (
+    "scalar_type.py",
+    "utils/deep_gemm.py",
+    "model_executor/layers/quantization/online/fp8.py",
+    "model_executor/layers/quantization/utils/quant_utils.py",
+    "model_executor/layers/quantization/utils/mxfp8_utils.py",
+    "model_executor/layers/quantization/utils/marlin_utils.py",
+    "model_executor/layers/quantization/utils/marlin_utils_fp8.py",
+)
+"""vLLM's Python files the online-quantization benchmark reads, beside
+`PYTHON_FILES` (only `scalar_type.py` is imported; the rest is parsed)."""
+
 OUT_FILES = ("junit.xml", "pytest.log", "bench.log", "bench.json", "device.txt")
 """What `device_command` writes into `$OUT` (the bench files with `bench`)."""
 
@@ -130,15 +147,19 @@ def stage(
     bench: Path | None = None,
     archives: tuple[Path, ...] = (),
     beside: int = 0,
+    bench_files: tuple[Path, ...] = (),
+    python_files: tuple[str, ...] = PYTHON_FILES,
 ) -> Path:
     """Write into `dest` what the GPU machine needs to run `tests`.
 
     `site_packages` holds an installed vLLM (its `vllm/` folder); `dest` is
     emptied first. The stage holds `vllm/` (the `EXTENSIONS` as `.so.xz`, the
     `PYTHON_FILES`, a stub `__init__.py`), `tests/` (the given files),
-    `pytest.ini`, `bench/` (only if `bench`, the benchmark script, is given),
-    the `archives` (`.tar.xz` files unpacked beside `vllm/` there) and
-    `MANIFEST.json` (the vLLM version, each file's size and the total).
+    `pytest.ini`, `bench/` (only if `bench`, the benchmark script, is given,
+    with the `bench_files` it reads beside it), the `archives` (`.tar.xz`
+    files unpacked beside `vllm/` there) and `MANIFEST.json` (the vLLM
+    version, each file's size and the total). `python_files` names the vLLM
+    Python files to copy (default `PYTHON_FILES`).
     Compressed extensions come from `cache_dir` (see `xz_cached`).
 
     Returns `dest`. Raises FileNotFoundError for a missing input and
@@ -148,8 +169,8 @@ def stage(
     pkg = site_packages / "vllm"
     version = vllm_version(site_packages)
     sources = [pkg / name for name in EXTENSIONS]
-    sources += [pkg / rel for rel in PYTHON_FILES]
-    sources += [*tests, *([bench] if bench else []), *archives]
+    sources += [pkg / rel for rel in python_files]
+    sources += [*tests, *([bench, *bench_files] if bench else []), *archives]
     for src in sources:
         if not src.is_file():
             raise FileNotFoundError(src)
@@ -163,7 +184,7 @@ def stage(
             library = without_static_symbols(pkg / name, Path(tmp))
             packed = xz_cached(library, cache_dir)
             shutil.copyfile(packed, dest / "vllm" / f"{name}.xz")
-    for rel in PYTHON_FILES:
+    for rel in python_files:
         (dest / "vllm" / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(pkg / rel, dest / "vllm" / rel)
     (dest / "tests").mkdir()
@@ -171,7 +192,8 @@ def stage(
         shutil.copyfile(test, dest / "tests" / test.name)
     if bench:
         (dest / "bench").mkdir()
-        shutil.copyfile(bench, dest / "bench" / BENCH_SCRIPT)
+        for src in (bench, *bench_files):
+            shutil.copyfile(src, dest / "bench" / src.name)
     for packed in archives:
         shutil.copyfile(packed, dest / packed.name)
     (dest / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
@@ -202,6 +224,8 @@ def device_command(
     stage_rel: str,
     *,
     bench: bool = False,
+    script: str = BENCH_SCRIPT,
+    tests: bool = True,
     test_timeout_s: int = 300,
     bench_timeout_s: int = 420,
 ) -> str:
@@ -212,9 +236,10 @@ def device_command(
     decompresses the extensions, records the GPU and torch in
     `$OUT/device.txt`, runs pytest over `tests/` with `--noconftest` and no
     cache provider (junit XML in `$OUT/junit.xml`, log in `$OUT/pytest.log`)
-    and, with `bench`, the benchmark (`$OUT/bench.log`, `$OUT/bench.json`).
-    Each step runs under `timeout`. The exit status is pytest's, or 3 when
-    only the benchmark failed.
+    and, with `bench`, the benchmark `bench/<script>` (`$OUT/bench.log`,
+    `$OUT/bench.json`). Without `tests` pytest is skipped. Each step runs
+    under `timeout`. The exit status is pytest's, or 3 when only the
+    benchmark failed.
     """
     src = shlex.quote(stage_rel.rstrip("/") + "/.")
     steps = [
@@ -229,17 +254,22 @@ def device_command(
             " python3 -c 'import torch;print(torch.__version__,torch.version.cuda)')"
             " >$OUT/device.txt 2>&1"
         ),
-        (
-            f"timeout {test_timeout_s} python3 -m pytest -p no:cacheprovider"
-            " --noconftest -rA -v --junitxml=$OUT/junit.xml tests 2>&1"
-            " | tee $OUT/pytest.log"
-        ),
-        "rc=$?",
     ]
+    if tests:
+        steps += [
+            (
+                f"timeout {test_timeout_s} python3 -m pytest -p no:cacheprovider"
+                " --noconftest -rA -v --junitxml=$OUT/junit.xml tests 2>&1"
+                " | tee $OUT/pytest.log"
+            ),
+            "rc=$?",
+        ]
+    else:
+        steps.append("rc=0")
     if bench:
         steps += [
             (
-                f"timeout {bench_timeout_s} python3 bench/{BENCH_SCRIPT}"
+                f"timeout {bench_timeout_s} python3 bench/{shlex.quote(script)}"
                 " --json $OUT/bench.json 2>&1 | tee $OUT/bench.log"
                 " || { [ $rc -eq 0 ] && rc=3; }"
             ),
@@ -255,13 +285,17 @@ def collect(files_dir: Path, dest: Path) -> str:
     in it is copied into `dest` (created if missing). The summary counts the
     passed, failed, errored and skipped tests from `junit.xml`, names all but
     the passed ones, and names the benchmark log when there is one; it
-    reports a missing or unreadable `junit.xml` instead of raising.
+    reports a missing or unreadable `junit.xml` instead of raising (a run
+    with the benchmark alone has none).
     """
     dest.mkdir(parents=True, exist_ok=True)
     for src in sorted(files_dir.iterdir()):
         if src.is_file():
             shutil.copyfile(src, dest / src.name)
     junit = dest / "junit.xml"
+    bench_log = dest / "bench.log"
+    if not junit.exists() and bench_log.exists():
+        return f"benchmark only (no tests staged): {bench_log}"
     try:
         outcomes = read_outcomes(junit)
     except (FileNotFoundError, ET.ParseError) as exc:
