@@ -139,13 +139,19 @@ def upstream_wheel(version: str) -> UpstreamWheel:
     pip and checked against the index's sha256 before it is kept.
 
     A cached wheel comes with the digest the index gave when it was
-    fetched; `build_wheel` checks the bytes against it on every build."""
+    fetched and is checked against it on every use; a damaged one is named
+    and fetched again."""
     folder = wheel_cache()
     wheel = folder / upstream_wheel_name(version)
     digest_file = wheel.with_name(wheel.name + ".sha256")
     if wheel.is_file() and digest_file.is_file():
-        return UpstreamWheel(wheel, digest_file.read_text().strip())
+        cached = UpstreamWheel(wheel, digest_file.read_text().strip())
+        if file_sha256(wheel) == cached.sha256:
+            return cached
+        print(f"{wheel}: damaged (sha256 differs); fetching it again", file=sys.stderr)
     want = index_sha256(version)
+    if wheel.is_file() and file_sha256(wheel) != want:
+        wheel.unlink()
     if not wheel.is_file():
         _pip_download(version, want, folder)
     require_sha256(UpstreamWheel(wheel, want))

@@ -143,3 +143,30 @@ def test_history_missing_a_release_is_built_again(
     assert (repo / "README").read_text() == f"vLLM {VERSION}\n"
     leftovers = sorted(p.name for p in repo.parent.iterdir())
     assert leftovers == [f".{repo.name}.lock", repo.name]
+
+
+def test_damaged_cached_wheel_is_named_and_fetched_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from patchset_tool import wheel
+
+    good = b"vLLM's own wheel"
+    digest = hashlib.sha256(good).hexdigest()
+    monkeypatch.setattr(wheel, "wheel_cache", lambda: tmp_path)
+    monkeypatch.setattr(wheel, "index_sha256", lambda version: digest)
+    fetched: list[str] = []
+
+    def download(version: str, sha256: str, folder: Path) -> None:
+        fetched.append(version)
+        (folder / wheel.upstream_wheel_name(version)).write_bytes(good)
+
+    monkeypatch.setattr(wheel, "_pip_download", download)
+    cached = tmp_path / wheel.upstream_wheel_name(VERSION)
+    cached.write_bytes(b"vLLM's own wheel, cut short")
+    cached.with_name(cached.name + ".sha256").write_text(digest + "\n")
+
+    got = wheel.upstream_wheel(VERSION)
+
+    assert fetched == [VERSION]
+    assert got.path.read_bytes() == good
+    assert f"{cached}: damaged" in capsys.readouterr().err
