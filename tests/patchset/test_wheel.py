@@ -310,20 +310,29 @@ def cache_with(tmp_path: Path, base: Base, data: bytes, sha256: str) -> Path:
     return cache
 
 
-def test_wheel_with_the_wrong_sha256_is_refused(base: Base, tmp_path: Path) -> None:
+def test_damaged_cached_wheel_offline_is_named_and_kept(
+    base: Base, tmp_path: Path
+) -> None:
     cache = cache_with(tmp_path, base, b"not a wheel", "0" * 64)
     dist = tmp_path / "dist"
+    unreachable = {
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+        "PIP_RETRIES": "0",
+        "PIP_TIMEOUT": "1",
+    }
     result = patchset(
         "build",
         "--base",
         base.version,
         "--dist",
         str(dist),
-        env=tool_env(GLM5NEXT_PATCHSET_CACHE=str(cache)),
+        env=tool_env(GLM5NEXT_PATCHSET_CACHE=str(cache), **unreachable),
     )
+    cached = cache / "wheels" / wheel.upstream_wheel_name(base.version)
     assert result.returncode == 1
-    assert f"is not the index's {'0' * 64}" in result.stderr
-    assert "Delete it" in result.stderr
+    assert f"{cached}: damaged" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert cached.read_bytes() == b"not a wheel"
     assert leftovers(dist) == []
 
 
