@@ -113,7 +113,7 @@ def from_vllm_source(
 
 
 def load_vllm() -> SimpleNamespace:
-    """vLLM's kernels and the FlashMLA-sparse rules this benchmark follows."""
+    """The kernels of vLLM and the FlashMLA-sparse rules this benchmark follows."""
     import vllm._C_stable_libtorch  # noqa: F401  (registers _C_cache_ops)
     from vllm.third_party.flashmla import flash_mla_interface as fm
 
@@ -383,6 +383,15 @@ def time_group(fns: list[Callable], rounds: int, iters: int, warmup: int, flush)
     return per_round
 
 
+def ratio(rounds: list[list[float]], timed: list[str], a: str, b: str) -> dict | None:
+    """Path `a`'s time over path `b`'s: median and range over the rounds."""
+    if a not in timed or b not in timed:
+        return None
+    ia, ib = timed.index(a), timed.index(b)
+    rs = [r[ia] / r[ib] for r in rounds]
+    return {"median": statistics.median(rs), "min": min(rs), "max": max(rs)}
+
+
 def random_latent(rows: int, gen: torch.Generator) -> torch.Tensor:
     return torch.randn(rows, KV_LORA_RANK, generator=gen, device="cuda")
 
@@ -415,13 +424,6 @@ def decode(v: SimpleNamespace, args: argparse.Namespace) -> list[dict]:
                 p: statistics.median(r[i] for r in rounds) for i, p in enumerate(timed)
             }
 
-            def ratio(a: str, b: str) -> dict | None:
-                if a not in us or b not in us:
-                    return None
-                ia, ib = timed.index(a), timed.index(b)
-                rs = [r[ia] / r[ib] for r in rounds]
-                return {"median": statistics.median(rs), "min": min(rs), "max": max(rs)}
-
             row = {
                 "tp": tp,
                 "heads": heads,
@@ -430,7 +432,7 @@ def decode(v: SimpleNamespace, args: argparse.Namespace) -> list[dict]:
                 "errors": {p: made[p] for p in paths if not callable(made[p])},
                 "rounds_us": {p: [r[i] for r in rounds] for i, p in enumerate(timed)},
                 "ratios": {
-                    f"{a}/{b}": ratio(a, b)
+                    f"{a}/{b}": ratio(rounds, timed, a, b)
                     for a in paths
                     for b in ("fi_bf16", "fi_fp8")
                     if a != b and b in paths

@@ -430,33 +430,12 @@ def make_scheme(v: SimpleNamespace, scheme: str, w: Any) -> Callable[[Any], Any]
 def time_calls(
     fns: Sequence[Callable[..., Any]], rounds: int, iters: int, warmup: int, flush
 ) -> list[float]:
-    """Median over rounds of each fn's per-round median (us); calls alternate
-    (reversed every other iteration), the L2 flushed before each."""
-    import torch
+    """Median over rounds of each fn's per-round median (us), timed as the
+    KV-cache benchmark times its paths (`time_group`: calls alternate, the
+    L2 flushed before each)."""
+    from bench_glm5_mla_kv_cache import time_group
 
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    torch.cuda.synchronize()
-    per_round: list[list[float]] = []
-    for _ in range(rounds):
-        events: list[list[tuple[Any, Any]]] = [[] for _ in fns]
-        for it in range(iters):
-            order = list(range(len(fns)))
-            if it % 2:
-                order.reverse()
-            for i in order:
-                flush.zero_()
-                e0 = torch.cuda.Event(enable_timing=True)
-                e1 = torch.cuda.Event(enable_timing=True)
-                e0.record()
-                fns[i]()
-                e1.record()
-                events[i].append((e0, e1))
-        torch.cuda.synchronize()
-        per_round.append(
-            [statistics.median(a.elapsed_time(b) * 1e3 for a, b in ev) for ev in events]
-        )
+    per_round = time_group(list(fns), rounds, iters, warmup, flush)
     return [statistics.median(r[i] for r in per_round) for i in range(len(fns))]
 
 
