@@ -67,8 +67,6 @@ STUB_INIT = "from .version import __version__, __git_commit__, __git_version__\n
 
 TVM_FFI_SKIP = ("tvm_ffi/3rdparty/", "tvm_ffi/src/")
 
-ARCHIVE = "flashinfer.tar.xz"
-
 BUILD_SCRIPT = """
 import json, sys, torch
 from flashinfer.jit.attention.modules import gen_batch_mla_module
