@@ -267,9 +267,9 @@ def cmd_gpu(args: argparse.Namespace) -> int:
 
 def stage_quant_bench(base: Base) -> int:
     """Stage the online-quantization benchmark alone (no tests), with the
-    base's config.json of GLM-5.3-Flash."""
+    verification suite's config.json of GLM-5.3-Flash."""
     dest = paths.build_dir() / "gpu" / f"stage-quant-{base.version}"
-    config = base.copy_of("tests/models/glm5next/glm-5.3-flash-config.json")
+    config = paths.SUITE / "glm-5.3-flash-config.json"
     try:
         gpu.stage(
             base.patched_tree(),

@@ -12,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from patchset_tool import bases, gpu, paths
+from patchset_tool import gpu, paths
 
 BENCH = paths.REPO / "benchmarks" / gpu.QUANT_BENCH_SCRIPT
 
@@ -33,10 +33,7 @@ def bench() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def config(bench: ModuleType) -> dict:
-    base = bases.get_base()
-    return bench.load_config(
-        base.copy_of("tests/models/glm5next/glm-5.3-flash-config.json")
-    )
+    return bench.load_config(paths.SUITE / "glm-5.3-flash-config.json")
 
 
 def installed_vllm_file(relpath: str) -> Path:
