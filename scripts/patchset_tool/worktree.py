@@ -10,7 +10,10 @@ RECORD, and applies the base's series on top, one commit per patch.
 
 `refresh N` folds the uncommitted edits into commit N, regenerates patch N
 and every later patch (their context may move) keeping each header, and
-copies the result into the base's overlay.
+copies the result into the base's overlay. A work tree records which state
+of the series its commits hold (`.git/patchset-series`); `worktree` and
+`refresh` refuse one whose series has changed since, so that stale commits
+never overwrite newer patches.
 
 `rebase --onto` applies the series of an older base at its own tag and
 three-way merges each commit onto the new base's tag, as `git rebase`
@@ -29,8 +32,12 @@ from .distinfo import record_digest
 from .errors import PatchsetError
 from .gitutil import git
 from .series import Patch, load_series
+from .wheel import series_id
 
 BASE_TAG = "patchset-base"
+# In .git/ of a work tree the tool made: the id of the series its commits
+# were made from or last written to.
+SERIES_STAMP = "patchset-series"
 IDENTITY = ["-c", "user.name=patchset", "-c", "user.email=patchset@localhost"]
 
 
@@ -54,6 +61,29 @@ def is_own_worktree(work: Path) -> bool:
         ).returncode
         == 0
     )
+
+
+def _stamp_series(work: Path, patches: list[Patch]) -> None:
+    """Record in `work`'s .git/ that its commits hold `patches`."""
+    (work / ".git" / SERIES_STAMP).write_text(series_id(patches) + "\n")
+
+
+def _refuse_stale(work: Path, patches: list[Patch], base: Base) -> None:
+    """Raise when `work` is a work tree this tool made from another state
+    of the series: its commits would undo the patches' later changes. A
+    checkout of the user's records nothing and is taken as it is."""
+    stamp = work / ".git" / SERIES_STAMP
+    if not stamp.is_file() and not is_own_worktree(work):
+        return
+    recorded = stamp.read_text().strip() if stamp.is_file() else None
+    if recorded != series_id(patches):
+        raise PatchsetError(
+            f"{work}: the series in {base.patches} changed after this work "
+            "tree was made or last refreshed, and its commits would undo "
+            f"that; carry any edits over by hand, remove it (`rm -rf {work}`) "
+            f"and run `scripts/patchset worktree --base {base.version}` "
+            "again (nothing was changed)"
+        )
 
 
 def _refuse_dest(dest: Path) -> None:
@@ -111,6 +141,7 @@ def create(dest: Path, base: Base) -> tuple[int, bool]:
     number of patches, whether it was reused)."""
     patches = load_series(base.patches)
     if dest.is_dir() and is_own_worktree(dest):
+        _refuse_stale(dest, patches, base)
         try:
             series_commits(dest, patches)
         except PatchsetError:
@@ -127,6 +158,7 @@ def create(dest: Path, base: Base) -> tuple[int, bool]:
         try:
             _prove_source_is_the_wheel(staging, base, patches)
             gitutil.am_series(staging, patches)
+            _stamp_series(staging, patches)
             staging.rename(dest)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -225,7 +257,7 @@ def write_new_series(work: Path, base: Base) -> list[str]:
         (staging / "series").rename(base.series_file)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    _update_copies(work, load_series(base.patches), base)
+    _finish_refresh(work, base)
     return names
 
 
@@ -303,6 +335,7 @@ def refresh(number: int, work: Path, base: Base) -> list[str]:
     if not base.series_file.exists():
         return write_new_series(work, base)
     patches = load_series(base.patches)
+    _refuse_stale(work, patches, base)
     _refuse_unrefreshed_copies(work, patches, base)
     if number == len(patches) + 1:
         return [add_patch(work, patches, base)]
@@ -321,7 +354,7 @@ def refresh(number: int, work: Path, base: Base) -> list[str]:
         if text != patch.path.read_text():
             patch.path.write_text(text)
             changed.append(patch.name)
-    _update_copies(work, load_series(base.patches), base)
+    _finish_refresh(work, base)
     return changed
 
 
@@ -369,8 +402,17 @@ def add_patch(work: Path, patches: list[Patch], base: Base) -> str:
     name = Path(made).name
     with open(base.series_file, "a") as series:
         series.write(name + "\n")
-    _update_copies(work, load_series(base.patches), base)
+    _finish_refresh(work, base)
     return name
+
+
+def _finish_refresh(work: Path, base: Base) -> None:
+    """After writing `base`'s series from `work`: update the overlay and
+    record that `work` holds the series now."""
+    patches = load_series(base.patches)
+    _update_copies(work, patches, base)
+    if is_own_worktree(work):
+        _stamp_series(work, patches)
 
 
 def _update_copies(work: Path, patches: list[Patch], base: Base) -> None:

@@ -282,6 +282,47 @@ def test_worktree_reuses_the_work_tree_it_made(project: Project, work: Path) -> 
     assert (work / PROBE).read_text() == "# an edit in progress\n"
 
 
+def edit_patch_body(project: Project) -> list[str]:
+    """Change patch 1's message as a change landing from elsewhere would
+    (a pull, or a refresh from another work tree); return the series."""
+    patch = sorted(project.patches().glob("0001-*.patch"))[0]
+    text = patch.read_text()
+    patch.write_text(text.replace("\n---\n", "\nA later word.\n---\n", 1))
+    return [p.read_text() for p in sorted(project.patches().iterdir())]
+
+
+def test_worktree_refuses_a_work_tree_of_an_older_series(
+    project: Project, work: Path
+) -> None:
+    edit_patch_body(project)
+    again = project.patchset("worktree", "--dest", str(work))
+    assert again.returncode == 1
+    assert "Traceback" not in again.stderr
+    assert "changed after this work tree was made" in again.stderr
+
+
+def test_refresh_refuses_a_work_tree_of_an_older_series(
+    project: Project, work: Path
+) -> None:
+    (work / PROBE).write_text((work / PROBE).read_text().replace("42", "43"))
+    series_before = edit_patch_body(project)
+    result = project.patchset("refresh", "1", "--vllm-src", str(work))
+    assert result.returncode == 1
+    assert "changed after this work tree was made" in result.stderr
+    assert [p.read_text() for p in sorted(project.patches().iterdir())] == (
+        series_before
+    )
+
+
+def test_refresh_keeps_the_work_tree_current(project: Project, work: Path) -> None:
+    for answer in ("43", "44"):
+        text = (work / PROBE).read_text()
+        (work / PROBE).write_text(text.replace(str(int(answer) - 1), answer))
+        result = project.patchset("refresh", "1", "--vllm-src", str(work))
+        assert result.returncode == 0, result.stderr
+    assert (project.overlay() / PROBE).read_text().endswith("ANSWER = 44\n")
+
+
 TEMPLATE = """<!-- markdownlint-disable -->
 
 ## Overview
