@@ -223,7 +223,6 @@ def test_module_picture_is_the_imports():
     )
 
 
-
 def test_module_picture_names_subpackage_modules(tmp_path: Path) -> None:
     """A subpackage's modules are named with it, and their relative and
     absolute imports resolve to modules of the package."""
@@ -249,6 +248,7 @@ def test_module_picture_names_subpackage_modules(tmp_path: Path) -> None:
         "reports.cli": {"reports.capacity", "paths"},
         "reports.coverage": {"runner"},
     }
+
 
 FIGURE = re.compile(
     r"(?<![\w.,])(?:[+-]?\d+(?:\.\d+)?%"

@@ -64,7 +64,9 @@ def test_batch_prints_one_json_line_per_case(
     """A case that names a report is that report's; any other, the named
     report's."""
     cases = tmp_path / "cases.json"
-    cases.write_text(json.dumps([["--layers", "1"], [], ["capacity"], ["--layers", "46"]]))
+    cases.write_text(
+        json.dumps([["--layers", "1"], [], ["capacity"], ["--layers", "46"]])
+    )
     main(["coverage", "--batch", str(cases)], STAND_INS)
     reports = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["report"], r["layers"]) for r in reports] == [
