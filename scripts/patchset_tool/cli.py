@@ -302,7 +302,8 @@ def cmd_report(module: str) -> Callable[[argparse.Namespace], int]:
     def run_report(args: argparse.Namespace) -> int:
         if {"-h", "--help"} & set(args.report_args):
             # Help needs no environment and no patched tree.
-            importlib.import_module(f"patchset_tool.{module}").parse_args(["--help"])
+            reports = importlib.import_module("patchset_tool.reports.cli")
+            reports.parse_report_args([module, "--help"])
         base = chosen_base(args)
         if envmgr.env_python(base, require=False) is None:
             envmgr.setup(base)
@@ -310,9 +311,10 @@ def cmd_report(module: str) -> Callable[[argparse.Namespace], int]:
         # so that `--json` output parses.
         os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
         return runner.run(
-            ["python", "-m", f"patchset_tool.{module}", *args.report_args],
+            ["python", "-m", "patchset_tool.reports", module, *args.report_args],
             base,
             pristine=args.pristine,
+            suite=True,
         )
 
     return run_report

@@ -23,10 +23,13 @@ def vllm_cache_root(tree: str) -> str:
     return str(paths.cache_root() / "vllm-cache" / tree)
 
 
-def tree_env(python: Path, base: Base, pristine: bool) -> dict[str, str]:
+def tree_env(
+    python: Path, base: Base, pristine: bool, suite: bool = False
+) -> dict[str, str]:
     """Environment that puts `base`'s managed venv on PATH, its patched
     tree (or nothing, when `pristine`) first on sys.path, and vLLM on its
-    CPU platform."""
+    CPU platform; with `suite`, the verification suite's folder on sys.path
+    too (its public helpers, `import glm5next_verify`, for the reports)."""
     env = dict(os.environ)
     bin_dir = str(python.parent)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
@@ -50,8 +53,9 @@ def tree_env(python: Path, base: Base, pristine: bool) -> dict[str, str]:
         for p in env.get("PYTHONPATH", "").split(os.pathsep)
         if p and not (Path(p) / apply.STAMP).is_file()
     ]
+    helpers = [str(paths.SUITE)] if suite else []
     env["PYTHONPATH"] = os.pathsep.join(
-        [*extra, str(paths.REPO / "scripts"), *inherited]
+        [*extra, str(paths.REPO / "scripts"), *helpers, *inherited]
     )
     return env
 
@@ -90,13 +94,20 @@ def ensure_patched_tree(base: Base) -> None:
         print(apply.apply_to_package(base, dest, install), file=sys.stderr, flush=True)
 
 
-def run(command: list[str], base: Base, pristine: bool, cwd: Path | None = None) -> int:
+def run(
+    command: list[str],
+    base: Base,
+    pristine: bool,
+    cwd: Path | None = None,
+    suite: bool = False,
+) -> int:
     """Run `command` against one tree of `base`, in `cwd` (default: the
-    caller's working directory); return its exit status."""
+    caller's working directory), with the suite's helpers when `suite`
+    (see `tree_env`); return its exit status."""
     python = envmgr.env_python(base)
     assert python is not None
     if not pristine:
         ensure_patched_tree(base)
     return subprocess.run(
-        command, env=tree_env(python, base, pristine), cwd=cwd
+        command, env=tree_env(python, base, pristine, suite), cwd=cwd
     ).returncode

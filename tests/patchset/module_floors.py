@@ -3,9 +3,10 @@
 """The tool's modules by floor, read from their imports.
 
 A module on floor 0 imports no other module of `patchset_tool`; a module on
-floor N imports at least one on floor N-1 and none above. Every `import`
-statement counts, including those inside functions; a module loaded by name
-at run time (`importlib`) does not.
+floor N imports at least one on floor N-1 and none above. A subpackage's
+modules are named with it (`reports.cli`); `__init__` files are left out.
+Every `import` statement counts, including those inside functions; a module
+loaded by name at run time (`importlib`) does not.
 
     python3 tests/patchset/module_floors.py         # the README's picture
     python3 tests/patchset/module_floors.py --all   # every module's imports
@@ -22,38 +23,59 @@ PACKAGE = "patchset_tool"
 TOOL = Path(__file__).resolve().parents[2] / "scripts" / PACKAGE
 
 
-def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """The sibling modules that the module at `path` imports."""
-    found: set[str] = set()
+def module_name(path: Path, tool: Path = TOOL) -> str:
+    """The dotted name of the module at `path` inside the package, without
+    the package's own name (`runner`, `reports.cli`)."""
+    return ".".join(path.relative_to(tool).with_suffix("").parts)
+
+
+def resolve(name: str, modules: set[str]) -> str | None:
+    """The module of the package that dotted `name` (inside the package)
+    is or lies in: `reports.cli.main` is `reports.cli`."""
+    parts = name.split(".")
+    while parts and ".".join(parts) not in modules:
+        parts.pop()
+    return ".".join(parts) or None
+
+
+def imports_of(path: Path, modules: set[str], tool: Path = TOOL) -> set[str]:
+    """The modules of the package that the module at `path` imports."""
+    own = module_name(path, tool)
+    package = own.split(".")[:-1]  # the subpackage it lies in, if any
+    found: set[str | None] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom):
-            if node.level == 1 and node.module is None:
-                names = [alias.name for alias in node.names]
-            elif node.level == 1 and node.module:
-                names = [node.module.split(".")[0]]
-            elif node.level == 0 and (node.module or "").startswith(PACKAGE + "."):
-                names = [node.module.split(".")[1]]  # type: ignore[union-attr]
-            elif node.level == 0 and node.module == PACKAGE:
-                names = [alias.name for alias in node.names]
+            if node.level:
+                above = package[: len(package) - node.level + 1]
+                base = ".".join([*above, *(node.module or "").split(".")])
+            elif node.module == PACKAGE or (node.module or "").startswith(
+                PACKAGE + "."
+            ):
+                base = node.module.removeprefix(PACKAGE)  # type: ignore[union-attr]
             else:
-                names = []
+                continue
+            base = base.strip(".")
+            for alias in node.names:
+                found.add(resolve(f"{base}.{alias.name}".strip("."), modules))
         elif isinstance(node, ast.Import):
-            names = [
-                alias.name.split(".")[1]
+            found.update(
+                resolve(alias.name.removeprefix(PACKAGE + "."), modules)
                 for alias in node.names
                 if alias.name.startswith(PACKAGE + ".")
-            ]
-        else:
-            continue
-        found.update(name for name in names if name in modules)
-    found.discard(path.stem)
-    return found
+            )
+    found.discard(own)
+    return {name for name in found if name is not None}
 
 
 def import_graph(tool: Path = TOOL) -> dict[str, set[str]]:
-    """Each module of the package (but `__init__`) and the siblings it imports."""
-    files = {p.stem: p for p in sorted(tool.glob("*.py")) if p.stem != "__init__"}
-    return {name: imports_of(path, set(files)) for name, path in files.items()}
+    """Each module of the package and its subpackages (but the `__init__`
+    files) and the modules of the package it imports."""
+    files = {
+        module_name(p, tool): p
+        for p in sorted(tool.rglob("*.py"))
+        if p.stem != "__init__" and "__pycache__" not in p.parts
+    }
+    return {name: imports_of(path, set(files), tool) for name, path in files.items()}
 
 
 def floors(graph: dict[str, set[str]]) -> dict[str, int]:

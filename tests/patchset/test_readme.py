@@ -223,6 +223,33 @@ def test_module_picture_is_the_imports():
     )
 
 
+def test_module_picture_names_subpackage_modules(tmp_path: Path) -> None:
+    """A subpackage's modules are named with it, and their relative and
+    absolute imports resolve to modules of the package."""
+    files = {
+        "paths.py": "",
+        "runner.py": "from . import paths\n",
+        "cli.py": "import importlib\nfrom .runner import run\n",
+        "reports/__init__.py": "",
+        "reports/coverage.py": "from ..runner import TREE_VAR\n",
+        "reports/capacity.py": "from .coverage import build\n",
+        "reports/cli.py": "from . import capacity\nimport patchset_tool.paths\n",
+        "reports/__main__.py": "from patchset_tool.reports.cli import main\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert import_graph(tmp_path) == {
+        "cli": {"runner"},
+        "paths": set(),
+        "runner": {"paths"},
+        "reports.__main__": {"reports.cli"},
+        "reports.capacity": {"reports.coverage"},
+        "reports.cli": {"reports.capacity", "paths"},
+        "reports.coverage": {"runner"},
+    }
+
+
 FIGURE = re.compile(
     r"(?<![\w.,])(?:[+-]?\d+(?:\.\d+)?%"
     r"|\d{1,3}(?:,\d{3})+(?:\.\d+)?"

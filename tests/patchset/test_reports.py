@@ -1,44 +1,59 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The command line the coverage and capacity reports share: text, one JSON
-line, or with `--batch FILE` one JSON line per argument list, measured in
-the same process (here with a stand-in for the vLLM measurement; the real
-reports run in test_coverage.py and test_capacity.py)."""
+"""The command line the coverage and capacity reports share
+(patchset_tool.reports.cli): text, one JSON line, or with `--batch FILE` one
+JSON line per argument list, measured in the same process (here with
+stand-ins for the vLLM measurements; the real reports run in
+test_reports_on_vllm.py)."""
 
 import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from patchset_tool.reports import run_reports
+from patchset_tool import paths
+from patchset_tool.reports.cli import REPORTS, main, parse_report_args
+
+CALLS: list[str] = []
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--layers", type=int, default=45)
-    parser.add_argument("--json", action="store_true")
-    return parser.parse_args(argv)
+def stand_in(name: str, default: int) -> SimpleNamespace:
+    """A report `name` that reports its `--layers` (default `default`)."""
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--layers", type=int, default=default)
+
+    def measure(args: argparse.Namespace) -> dict:
+        CALLS.append(name)
+        return {"report": name, "layers": args.layers}
+
+    def format_report(report: dict, seconds: float) -> str:
+        return f"{report['layers']} layers"
+
+    return SimpleNamespace(
+        __doc__=f"the {name} report",
+        add_arguments=add_arguments,
+        measure=measure,
+        format_report=format_report,
+    )
 
 
-def measure(args: argparse.Namespace) -> dict:
-    measure.calls += 1  # type: ignore[attr-defined]
-    return {"layers": args.layers}
-
-
-def text(report: dict, seconds: float) -> str:
-    return f"{report['layers']} layers"
+STAND_INS = {"coverage": stand_in("coverage", 45), "capacity": stand_in("capacity", 1)}
 
 
 @pytest.fixture(autouse=True)
 def calls() -> None:
-    measure.calls = 0  # type: ignore[attr-defined]
+    CALLS.clear()
 
 
 def test_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_reports(["--layers", "3"], parse, measure, text) == 0
+    assert main(["coverage", "--layers", "3"], STAND_INS) == 0
     assert capsys.readouterr().out == "3 layers\n"
-    run_reports(["--json"], parse, measure, text)
+    main(["coverage", "--json"], STAND_INS)
     report = json.loads(capsys.readouterr().out)
     assert report["layers"] == 45 and "seconds" in report
 
@@ -46,12 +61,21 @@ def test_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_batch_prints_one_json_line_per_case(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A case that names a report is that report's; any other, the named
+    report's."""
     cases = tmp_path / "cases.json"
-    cases.write_text(json.dumps([["--layers", "1"], [], ["--layers", "46"]]))
-    run_reports(["--batch", str(cases)], parse, measure, text)
-    lines = capsys.readouterr().out.splitlines()
-    assert [json.loads(line)["layers"] for line in lines] == [1, 45, 46]
-    assert measure.calls == 3  # type: ignore[attr-defined]
+    cases.write_text(
+        json.dumps([["--layers", "1"], [], ["capacity"], ["--layers", "46"]])
+    )
+    main(["coverage", "--batch", str(cases)], STAND_INS)
+    reports = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["report"], r["layers"]) for r in reports] == [
+        ("coverage", 1),
+        ("coverage", 45),
+        ("capacity", 1),
+        ("coverage", 46),
+    ]
+    assert CALLS == ["coverage", "coverage", "capacity", "coverage"]
 
 
 @pytest.mark.parametrize(
@@ -63,10 +87,40 @@ def test_batch_that_is_not_a_list_of_lists_is_refused(
     cases = tmp_path / "cases.json"
     cases.write_text(content)
     with pytest.raises(SystemExit, match="expected a JSON list of argument lists"):
-        run_reports(["--batch", str(cases)], parse, measure, text)
-    assert measure.calls == 0  # type: ignore[attr-defined]
+        main(["coverage", "--batch", str(cases)], STAND_INS)
+    assert CALLS == []
 
 
 def test_batch_takes_no_other_option(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="takes no other option"):
-        run_reports(["--json", "--batch", str(tmp_path)], parse, measure, text)
+        main(["coverage", "--json", "--batch", str(tmp_path)], STAND_INS)
+
+
+def test_unknown_report_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["throughput", "--json"], STAND_INS)
+    assert "invalid choice: 'throughput'" in capsys.readouterr().err
+    assert CALLS == []
+
+
+@pytest.mark.parametrize("name", sorted(REPORTS))
+def test_one_parser_for_every_report(name: str) -> None:
+    """The real reports' options parse without vLLM, the tool's own
+    options documented beside them."""
+    args = parse_report_args([name, "--json", "--pristine"])
+    assert (args.report, args.json, args.pristine) == (name, True, True)
+
+
+def test_runs_as_a_module_without_the_suite_on_sys_path() -> None:
+    """`python -m patchset_tool.reports NAME --help` needs neither vLLM nor
+    the verification suite's helpers: the reports import those when they
+    measure."""
+    for name in REPORTS:
+        done = subprocess.run(
+            [sys.executable, "-m", "patchset_tool.reports", name, "--help"],
+            cwd=paths.REPO / "scripts",
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert done.stdout.startswith(f"usage: patchset {name} ")

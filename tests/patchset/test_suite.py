@@ -4,6 +4,8 @@
 how `patchset test` runs it and what `patchset gpu` stages from it."""
 
 import ast
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -98,15 +100,35 @@ def test_suite_part_holds_the_suite_to_its_expected_skips(
     assert part.problems == [f"skipped, not listed: {unlisted}"]
 
 
-def test_reports_take_their_helpers_from_the_suite(tmp_path: Path) -> None:
+def test_reports_take_their_helpers_from_the_suite(
+    tmp_path: Path, primary_base: bases.Base
+) -> None:
     """`coverage` and `capacity` build GLM-5.3-Flash with the suite's public
-    helpers, not with private names of a series' test files (which a series
-    may drop)."""
-    from patchset_tool import capacity, coverage
-
-    helpers = coverage.load_helpers()
-    assert Path(helpers.__file__) == paths.SUITE / "glm5next_verify.py"
-    assert helpers.load_glm5_flash_config()["architectures"]
-    model_dir = helpers.write_model_dir(tmp_path / "model", {"quant_method": "fp8"})
-    assert (model_dir / "config.json").is_file()
-    assert capacity.load_helpers is coverage.load_helpers
+    helpers, imported by name where `runner.run(..., suite=True)` runs them,
+    not with private names of a series' test files (which a series may
+    drop)."""
+    python = Path(cli.envmgr.env_python(primary_base) or "")
+    env = runner.tree_env(python, primary_base, pristine=True, suite=True)
+    assert str(paths.SUITE) in env["PYTHONPATH"].split(os.pathsep)
+    assert str(paths.SUITE) not in runner.tree_env(python, primary_base, True)[
+        "PYTHONPATH"
+    ].split(os.pathsep)
+    probe = (
+        "import sys; from pathlib import Path\n"
+        "from patchset_tool.reports import capacity, coverage\n"
+        "helpers = coverage.load_helpers()\n"
+        "assert capacity.load_helpers is coverage.load_helpers\n"
+        "assert helpers.load_glm5_flash_config()['architectures']\n"
+        "model = helpers.write_model_dir(Path(sys.argv[1]), {'quant_method': 'fp8'})\n"
+        "assert (model / 'config.json').is_file()\n"
+        "print(helpers.__file__)\n"
+    )
+    done = subprocess.run(
+        [str(python), "-c", probe, str(tmp_path / "model")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()) == paths.SUITE / "glm5next_verify.py"

@@ -8,12 +8,13 @@ startup log would say: the layers quantized, by projection and by source (the
 online config vs the checkpoint's own method), and their total.
 
 Run inside the managed environment, with the tree to inspect first on
-sys.path (`scripts/patchset coverage [--base] -- ...` does both):
+sys.path and tests/models/glm5next on it (`scripts/patchset coverage [--base]
+...` does both):
 
-    python -m patchset_tool.coverage [--config glm-5.3-flash|PATH]
+    python -m patchset_tool.reports coverage [--config glm-5.3-flash|PATH]
         [--checkpoint bf16|block-fp8|nvfp4] [--quantization Q]
         [--quantization-config JSON] [--json]
-    python -m patchset_tool.coverage --batch FILE  (see reports.py)
+    python -m patchset_tool.reports coverage --batch FILE  (see cli.py)
 
 The configuration, the checkpoint emulations and the stubs of GPU-only parts
 are the ones of tests/models/glm5next/glm5next_verify.py.
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import tempfile
@@ -33,13 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from patchset_tool import paths
-from patchset_tool.reports import (
-    add_tool_options,
-    exit_without_teardown,
-    run_reports,
-)
-from patchset_tool.runner import TREE_VAR
+from ..runner import TREE_VAR
 
 NVFP4_CHECKPOINT = {
     "quant_method": "modelopt",
@@ -60,14 +54,11 @@ NVFP4_CHECKPOINT = {
 def load_helpers() -> ModuleType:
     """The verification suite's public helpers, one copy for every base
     (tests/models/glm5next/glm5next_verify.py): GLM-5.3-Flash's
-    configuration, the CPU stubs and the mocked CUDA device."""
-    spec = importlib.util.spec_from_file_location(
-        "glm5next_verify", paths.SUITE / "glm5next_verify.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    configuration, the CPU stubs and the mocked CUDA device. Its folder is
+    on sys.path where `runner.run(..., suite=True)` runs the reports."""
+    import glm5next_verify
+
+    return glm5next_verify
 
 
 def checkpoints(helpers: ModuleType) -> dict[str, dict[str, Any] | None]:
@@ -277,8 +268,8 @@ def format_report(report: dict[str, Any], seconds: float) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="patchset coverage", description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The report's own options."""
     parser.add_argument(
         "--config",
         default="glm-5.3-flash",
@@ -298,14 +289,3 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="as vLLM's --quantization-config (JSON)",
     )
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    add_tool_options(parser)
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run_reports(argv, parse_args, measure, format_report)
-
-
-if __name__ == "__main__":
-    exit_without_teardown(main())

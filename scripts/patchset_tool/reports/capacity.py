@@ -20,11 +20,12 @@ and the CUDA driver (a stub `libcuda.so.1`); the helpers are the
 verification suite's (tests/models/glm5next/glm5next_verify.py).
 
 Run inside the managed environment, with the tree to inspect first on
-sys.path (`scripts/patchset capacity [--base] ...` does both):
+sys.path and tests/models/glm5next on it (`scripts/patchset capacity [--base]
+...` does both):
 
-    python -m patchset_tool.capacity [--kv-cache-dtype auto|fp8|both]
+    python -m patchset_tool.reports capacity [--kv-cache-dtype auto|fp8|both]
         [--budget-gib X] [--tp N] [--max-model-len L] [--json]
-    python -m patchset_tool.capacity --batch FILE  (see reports.py)
+    python -m patchset_tool.reports capacity --batch FILE  (see cli.py)
 """
 
 from __future__ import annotations
@@ -40,18 +41,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from patchset_tool.coverage import (
+from ..runner import TREE_VAR
+from .coverage import (
     build_models,
     is_mtp_layer,
     load_helpers,
     single_process_distributed,
 )
-from patchset_tool.reports import (
-    add_tool_options,
-    exit_without_teardown,
-    run_reports,
-)
-from patchset_tool.runner import TREE_VAR
 
 SM90 = (9, 0)
 GIB = 1 << 30
@@ -436,9 +432,8 @@ def format_report(report: dict[str, Any], seconds: float) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """Command-line options."""
-    parser = argparse.ArgumentParser(prog="patchset capacity", description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The report's own options."""
     parser.add_argument(
         "--kv-cache-dtype",
         choices=tuple(DTYPES),
@@ -466,15 +461,3 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="L",
         help="the model length (default: %(default)s)",
     )
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    add_tool_options(parser)
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Print the capacity report; 0 on success."""
-    return run_reports(argv, parse_args, measure, format_report)
-
-
-if __name__ == "__main__":
-    exit_without_teardown(main())

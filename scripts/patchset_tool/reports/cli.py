@@ -1,37 +1,44 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The command line shared by the meta-device reports (coverage, capacity).
+"""The command line of the meta-device reports (coverage, capacity): one
+argument parser, with a subcommand per report.
+
+    python -m patchset_tool.reports NAME [options] [--json]
+    python -m patchset_tool.reports NAME --batch FILE
 
 A report prints its result as text or, with `--json`, as one JSON line.
 With `--batch FILE` (a JSON list of argument lists) one process prints one
 JSON line per argument list: vLLM is imported once, not once per report. A
 list that begins with the name of a report (`coverage`, `capacity`) is that
-report's arguments, so one process can run both (`capacity` mocks the CUDA
-platform only while it measures, and restores it).
+report's arguments, any other NAME's, so one process can run both
+(`capacity` mocks the CUDA platform only while it measures, and restores it).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-Measure = Callable[[argparse.Namespace], dict[str, Any]]
-Format = Callable[[dict[str, Any], float], str]
-Parse = Callable[[list[str] | None], argparse.Namespace]
-REPORTS = ("coverage", "capacity")
+from . import capacity, coverage
 
 
-def report_functions(name: str) -> tuple[Parse, Measure]:
-    """The argument parser and measurement of report `name`."""
-    module = importlib.import_module(f"patchset_tool.{name}")
-    return module.parse_args, module.measure
+class Report(Protocol):
+    """What a report module provides."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def measure(self, args: argparse.Namespace) -> dict[str, Any]: ...
+
+    def format_report(self, report: dict[str, Any], seconds: float) -> str: ...
+
+
+REPORTS: dict[str, Report] = {"coverage": coverage, "capacity": capacity}
 
 
 def batch_arguments(argv: list[str]) -> list[list[str]] | None:
@@ -72,25 +79,45 @@ def add_tool_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run_reports(
-    argv: list[str] | None, parse: Parse, measure: Measure, text: Format
-) -> int:
-    """Print one report for `argv`, or one JSON line per `--batch` case."""
+def build_parser(reports: Mapping[str, Report] = REPORTS) -> argparse.ArgumentParser:
+    """The one parser of every report: `NAME [options]`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m patchset_tool.reports", description=__doc__
+    )
+    sub = parser.add_subparsers(dest="report", required=True, metavar="NAME")
+    for name, report in reports.items():
+        p = sub.add_parser(name, prog=f"patchset {name}", description=report.__doc__)
+        report.add_arguments(p)
+        p.add_argument("--json", action="store_true", help="print JSON")
+        add_tool_options(p)
+    return parser
+
+
+def parse_report_args(
+    argv: list[str], reports: Mapping[str, Report] = REPORTS
+) -> argparse.Namespace:
+    """The options of `NAME [options]`; `.report` is NAME."""
+    return build_parser(reports).parse_args(argv)
+
+
+def main(argv: list[str] | None = None, reports: Mapping[str, Report] = REPORTS) -> int:
+    """Print one report for `NAME [options]`, or one JSON line per case of
+    `NAME --batch FILE`."""
     argv = sys.argv[1:] if argv is None else argv
-    cases = batch_arguments(argv)
+    parser = build_parser(reports)
+    cases = batch_arguments(argv[1:]) if argv[:1] and argv[0] in reports else None
+    if cases is not None:
+        cases = [c if c[:1] and c[0] in reports else [argv[0], *c] for c in cases]
     for case in cases if cases is not None else [argv]:
-        parse_case, measure_case = parse, measure
-        if cases is not None and case[:1] and case[0] in REPORTS:
-            parse_case, measure_case = report_functions(case[0])
-            case = case[1:]
-        args = parse_case(case)
+        args = parser.parse_args(case)
+        report = reports[args.report]
         start = time.monotonic()
-        report = measure_case(args)
+        result = report.measure(args)
         seconds = time.monotonic() - start
         if args.json or cases is not None:
-            print(json.dumps({**report, "seconds": round(seconds, 1)}), flush=True)
+            print(json.dumps({**result, "seconds": round(seconds, 1)}), flush=True)
         else:
-            print(text(report, seconds))
+            print(report.format_report(result, seconds))
     return 0
 
 
