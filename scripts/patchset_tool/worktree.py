@@ -23,15 +23,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from . import apply, check, gitutil, paths, trees, upstream
+from . import gitutil, paths, trees, upstream
 from .bases import Base
-from .distinfo import record_digest
+from .digests import git_blob_id, record_digest
+from .distinfo import check_base, default_install
 from .errors import PatchsetError
-from .gitutil import git
-from .series import Patch, load_series
+from .gitutil import IDENTITY, git
+from .series import Patch, Series
 
 BASE_TAG = "patchset-base"
-IDENTITY = ["-c", "user.name=patchset", "-c", "user.email=patchset@localhost"]
 
 
 def default_worktree(base: Base) -> Path:
@@ -88,11 +88,12 @@ def _clone_release(dest: Path, base: Base) -> Path:
     return staging
 
 
-def _prove_source_is_the_wheel(work: Path, base: Base, patches: list[Patch]) -> None:
+def _prove_source_is_the_wheel(work: Path, series: Series) -> None:
     """The sdist's copies of the files the series touches must equal the
     installed wheel's (RECORD), so that patches made here apply there."""
-    install = apply.default_install(base)
-    base_files = apply.check_base(install, patches)
+    base = series.base
+    install = default_install(base)
+    base_files = check_base(install, series)
     drifted = [
         f for f in base_files if record_digest(work / f) != install.record.get(f)
     ]
@@ -109,7 +110,8 @@ def create(dest: Path, base: Base) -> tuple[int, bool]:
     and one commit per patch on top. A work tree the tool made there
     before is reused when its commits still hold the series. Return (the
     number of patches, whether it was reused)."""
-    patches = load_series(base.patches)
+    series = Series.load(base)
+    patches = series.patches
     if dest.is_dir() and is_own_worktree(dest):
         try:
             series_commits(dest, patches)
@@ -125,7 +127,7 @@ def create(dest: Path, base: Base) -> tuple[int, bool]:
     with trees.locked(dest):
         staging = _clone_release(dest, base)
         try:
-            _prove_source_is_the_wheel(staging, base, patches)
+            _prove_source_is_the_wheel(staging, series)
             gitutil.am_series(staging, patches)
             staging.rename(dest)
         finally:
@@ -139,7 +141,7 @@ def rebase(source: Base, onto: Base, dest: Path) -> list[str]:
     onto `onto`'s tag. Return the subjects now on the new base; on a
     conflict, leave the rebase stopped in `dest` and raise naming the
     patch, the files and their conflicting hunks."""
-    patches = load_series(source.patches)
+    patches = Series.load(source).patches
     if onto.series_file.exists():
         raise PatchsetError(
             f"{onto.series_file} exists: vLLM {onto.version} already has a "
@@ -225,7 +227,7 @@ def write_new_series(work: Path, base: Base) -> list[str]:
         (staging / "series").rename(base.series_file)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    _update_copies(work, load_series(base.patches), base)
+    _update_copies(work, Series.load(base))
     return names
 
 
@@ -302,10 +304,11 @@ def refresh(number: int, work: Path, base: Base) -> list[str]:
     return the names of the patch files that changed."""
     if not base.series_file.exists():
         return write_new_series(work, base)
-    patches = load_series(base.patches)
-    _refuse_unrefreshed_copies(work, patches, base)
+    series = Series.load(base)
+    patches = series.patches
+    _refuse_unrefreshed_copies(work, series)
     if number == len(patches) + 1:
-        return [add_patch(work, patches, base)]
+        return [add_patch(work, series)]
     if not 1 <= number <= len(patches):
         raise PatchsetError(f"refresh: no patch {number} (series has {len(patches)})")
     commits = series_commits(work, patches)
@@ -321,23 +324,23 @@ def refresh(number: int, work: Path, base: Base) -> list[str]:
         if text != patch.path.read_text():
             patch.path.write_text(text)
             changed.append(patch.name)
-    _update_copies(work, load_series(base.patches), base)
+    _update_copies(work, Series.load(base))
     return changed
 
 
-def _refuse_unrefreshed_copies(work: Path, patches: list[Patch], base: Base) -> None:
+def _refuse_unrefreshed_copies(work: Path, series: Series) -> None:
     """Refresh overwrites vllm_overlay/ and the model tests from the work
     tree; refuse while either holds edits that neither the series nor the
     work tree has."""
-    _, last = check.file_chain(patches)
+    _, last = series.blob_chain()
     edited = []
     for path, blob in last.items():
-        copy = base.copy_of(path)
+        copy = series.base.copy_of(path)
         if not copy.is_file():
             continue
         data = copy.read_bytes()
         in_work = (work / path).is_file() and (work / path).read_bytes() == data
-        if check.git_blob_id(data) != blob and not in_work:
+        if git_blob_id(data) != blob and not in_work:
             edited.append(copy)
     if edited:
         raise PatchsetError(
@@ -347,9 +350,10 @@ def _refuse_unrefreshed_copies(work: Path, patches: list[Patch], base: Base) -> 
         )
 
 
-def add_patch(work: Path, patches: list[Patch], base: Base) -> str:
-    """Turn the one commit after the series in `work` (with any uncommitted
+def add_patch(work: Path, series: Series) -> str:
+    """Turn the one commit after `series` in `work` (with any uncommitted
     edits folded in) into the next patch of the series."""
+    base, patches = series.base, series.patches
     series_commits(work, patches, new=1)
     if git("status", "--porcelain", cwd=work).stdout.strip():
         git("add", "--all", cwd=work)
@@ -367,15 +371,15 @@ def add_patch(work: Path, patches: list[Patch], base: Base) -> str:
         cwd=work,
     ).stdout.strip()
     name = Path(made).name
-    with open(base.series_file, "a") as series:
-        series.write(name + "\n")
-    _update_copies(work, load_series(base.patches), base)
+    with open(base.series_file, "a") as listing:
+        listing.write(name + "\n")
+    _update_copies(work, Series.load(base))
     return name
 
 
-def _update_copies(work: Path, patches: list[Patch], base: Base) -> None:
-    """Make `base`'s overlay equal the work tree's result."""
-    touched = apply.touched_files(patches)
+def _update_copies(work: Path, series: Series) -> None:
+    """Make the base's overlay equal the work tree's result of `series`."""
+    base, touched = series.base, series.touched
     for path in touched:
         source, target = work / path, base.copy_of(path)
         if source.is_file():

@@ -1,0 +1,31 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""`patchset bisect-run`: the script for `git bisect run`."""
+
+import argparse
+
+from .. import bisect
+from ..series import Series
+from .options import base_option, chosen_base, vllm_src_option
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bisect-run",
+        help="for `git bisect run`: 125 when the "
+        "series does not apply, else the glm5next tests' verdict",
+    )
+    base_option(parser)
+    vllm_src_option(parser, "the vLLM checkout `git bisect` moves", required=True)
+    parser.add_argument(
+        "pytest_args",
+        nargs="*",
+        metavar="PYTEST_ARG",
+        help="passed to pytest after the series' test files",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    series = Series.load(chosen_base(args))
+    return bisect.bisect_run(series, args.vllm_src, args.pytest_args)
