@@ -9,35 +9,30 @@ from pathlib import Path
 from .. import apply, envmgr, upstream_checks
 from ..series import Series
 from .options import (
-    base_option,
+    Subparsers,
     chosen_base,
-    dest_option,
+    command_parser,
+    flag,
     managed_python,
-    vllm_src_option,
+    path_option,
+)
+
+HELP = (
+    "apply a base's series (default: to a copy "
+    "of the installed package under build/<version>/)"
 )
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "apply",
-        help="apply a base's series (default: to a copy "
-        "of the installed package under build/<version>/)",
-    )
-    base_option(parser)
-    parser.add_argument(
-        "--check", action="store_true", help="verify everything, write nothing"
-    )
-    parser.add_argument(
-        "--force",
-        action="store_true",
-        help="rebuild the patched tree even if it is up to date",
-    )
-    vllm_src_option(parser, "git am -3 onto this vLLM checkout instead")
-    dest_option(
+def register(subparsers: Subparsers) -> None:
+    parser = command_parser(subparsers, "apply", run, help=HELP)
+    flag(parser, "--check", "verify everything, write nothing")
+    flag(parser, "--force", "rebuild the patched tree even if it is up to date")
+    path_option(parser, "--vllm-src", "git am -3 onto this vLLM checkout instead")
+    path_option(
         parser,
+        "--dest",
         "where to write the patched tree (default: build/<version>/vllm-patched)",
     )
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,24 +6,25 @@ import argparse
 
 from .. import bisect
 from ..series import Series
-from .options import base_option, chosen_base, vllm_src_option
+from .options import Subparsers, chosen_base, command_parser, path_option
+
+HELP = (
+    "for `git bisect run`: 125 when the "
+    "series does not apply, else the glm5next tests' verdict"
+)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "bisect-run",
-        help="for `git bisect run`: 125 when the "
-        "series does not apply, else the glm5next tests' verdict",
+def register(subparsers: Subparsers) -> None:
+    parser = command_parser(subparsers, "bisect-run", run, help=HELP)
+    path_option(
+        parser, "--vllm-src", "the vLLM checkout `git bisect` moves", required=True
     )
-    base_option(parser)
-    vllm_src_option(parser, "the vLLM checkout `git bisect` moves", required=True)
     parser.add_argument(
         "pytest_args",
         nargs="*",
         metavar="PYTEST_ARG",
         help="passed to pytest after the series' test files",
     )
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,21 +3,17 @@
 """`patchset build`: a pip-installable vLLM wheel with a base's series."""
 
 import argparse
-from pathlib import Path
 
 from .. import paths, trees, wheel
 from ..series import Series
-from .options import base_option, chosen_base
+from .options import Subparsers, chosen_base, command_parser, path_option
+
+HELP = "a pip-installable vLLM wheel with the base's series, in dist/"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "build",
-        help="a pip-installable vLLM wheel with the base's series, in dist/",
-    )
-    base_option(parser)
-    parser.add_argument("--dist", type=Path, metavar="DIR", help="default: dist/")
-    parser.set_defaults(func=run)
+def register(subparsers: Subparsers) -> None:
+    parser = command_parser(subparsers, "build", run, help=HELP)
+    path_option(parser, "--dist", "default: dist/")
 
 
 def run(args: argparse.Namespace) -> int:

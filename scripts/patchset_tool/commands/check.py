@@ -6,12 +6,13 @@ import argparse
 import time
 
 from .. import check
+from .options import Subparsers, command_parser
+
+HELP = "fast offline consistency check of every base's series"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    subparsers.add_parser(
-        "check", help="fast offline consistency check of every base's series"
-    ).set_defaults(func=run)
+def register(subparsers: Subparsers) -> None:
+    command_parser(subparsers, "check", run, base=False, help=HELP)
 
 
 def run(args: argparse.Namespace) -> int:

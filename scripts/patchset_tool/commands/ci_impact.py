@@ -5,17 +5,16 @@
 import argparse
 
 from .. import ci_impact
-from .options import base_option, chosen_base
+from .options import Subparsers, chosen_base, command_parser
+
+HELP = (
+    "which of the base's Buildkite steps a PR with the series "
+    "triggers, and which of their tests `test` runs here"
+)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "ci-impact",
-        help="which of the base's Buildkite steps a PR with the series "
-        "triggers, and which of their tests `test` runs here",
-    )
-    base_option(parser)
-    parser.set_defaults(func=run)
+def register(subparsers: Subparsers) -> None:
+    command_parser(subparsers, "ci-impact", run, help=HELP)
 
 
 def run(args: argparse.Namespace) -> int:

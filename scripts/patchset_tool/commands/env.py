@@ -5,13 +5,13 @@
 import argparse
 
 from .. import envmgr
-from .options import base_option, chosen_base
+from .options import Subparsers, chosen_base, command_parser
+
+HELP = "print a base's managed python"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("env", help="print a base's managed python")
-    base_option(parser)
-    parser.set_defaults(func=run)
+def register(subparsers: Subparsers) -> None:
+    command_parser(subparsers, "env", run, help=HELP)
 
 
 def run(args: argparse.Namespace) -> int:

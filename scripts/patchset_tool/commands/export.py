@@ -3,31 +3,27 @@
 """`patchset export`: a branch with one commit per patch, and the PR description."""
 
 import argparse
-from pathlib import Path
 
 from .. import export, paths
 from ..series import Series
-from .options import base_option, chosen_base, vllm_src_option
+from .options import Subparsers, chosen_base, command_parser, path_option
+
+HELP = (
+    "a branch with one commit per patch, authored and signed off by "
+    "you, and the pull-request description"
+)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "export",
-        help="a branch with one commit per patch, authored and signed off by "
-        "you, and the pull-request description",
-    )
-    base_option(parser)
-    vllm_src_option(
-        parser, "your vLLM checkout; its work tree is left alone", required=True
+def register(subparsers: Subparsers) -> None:
+    parser = command_parser(subparsers, "export", run, help=HELP)
+    path_option(
+        parser,
+        "--vllm-src",
+        "your vLLM checkout; its work tree is left alone",
+        required=True,
     )
     parser.add_argument("--branch", required=True, help="the new branch's name")
-    parser.add_argument(
-        "--pr-description",
-        type=Path,
-        metavar="FILE",
-        help="default: build/pr-description.md",
-    )
-    parser.set_defaults(func=run)
+    path_option(parser, "--pr-description", "default: build/pr-description.md", "FILE")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,20 +4,25 @@
 collect a device run's results."""
 
 import argparse
-from pathlib import Path
 
 from .. import gpu, gpu_stage, runner
 from ..series import Series
-from .options import base_option, chosen_base, managed_python
+from .options import (
+    Subparsers,
+    chosen_base,
+    command_parser,
+    managed_python,
+    path_option,
+)
+
+HELP = (
+    "stage the SM90 tests (and --bench, the decode benchmark) with "
+    "the base's kernels for an H200 machine; --collect its results"
+)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "gpu",
-        help="stage the SM90 tests (and --bench, the decode benchmark) with "
-        "the base's kernels for an H200 machine; --collect its results",
-    )
-    base_option(parser)
+def register(subparsers: Subparsers) -> None:
+    parser = command_parser(subparsers, "gpu", run, help=HELP)
     parser.add_argument(
         "--bench",
         nargs="?",
@@ -30,13 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "online-quantization linear benchmark alone"
         ),
     )
-    parser.add_argument(
+    path_option(
+        parser,
         "--collect",
-        type=Path,
-        metavar="DIR",
-        help="copy a device run's $OUT files into build/gpu/results-<version>",
+        "copy a device run's $OUT files into build/gpu/results-<version>",
     )
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

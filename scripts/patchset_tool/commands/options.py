@@ -3,10 +3,15 @@
 """Options and look-ups that several commands share."""
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeAlias
 
 from .. import envmgr
 from ..bases import Base, get_base
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+"""What each command's `register` adds its parser to."""
 
 
 def base_option(parser: argparse.ArgumentParser) -> None:
@@ -18,18 +23,37 @@ def base_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def vllm_src_option(
-    parser: argparse.ArgumentParser, help: str, required: bool = False
+def flag(parser: argparse.ArgumentParser, name: str, help: str) -> None:
+    """An on/off option `name` (off unless given)."""
+    parser.add_argument(name, action="store_true", help=help)
+
+
+def path_option(
+    parser: argparse.ArgumentParser,
+    name: str,
+    help: str,
+    metavar: str = "DIR",
+    required: bool = False,
 ) -> None:
-    """`--vllm-src DIR`: a vLLM checkout or work tree, described by `help`."""
-    parser.add_argument(
-        "--vllm-src", type=Path, metavar="DIR", required=required, help=help
-    )
+    """An option `name` that names a path (`--vllm-src`, `--dest`, ...)."""
+    parser.add_argument(name, type=Path, metavar=metavar, required=required, help=help)
 
 
-def dest_option(parser: argparse.ArgumentParser, help: str) -> None:
-    """`--dest DIR`: where the command writes, described by `help`."""
-    parser.add_argument("--dest", type=Path, metavar="DIR", help=help)
+def command_parser(
+    subparsers: Subparsers,
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    base: bool = True,
+    **kwargs: Any,
+) -> argparse.ArgumentParser:
+    """The parser of command `name` (`kwargs`: its help and description),
+    with `run` as its handler and, unless `base` is False, `--base` as
+    its first option."""
+    parser = subparsers.add_parser(name, **kwargs)
+    if base:
+        base_option(parser)
+    parser.set_defaults(func=run)
+    return parser
 
 
 def chosen_base(args: argparse.Namespace) -> Base:

@@ -6,15 +6,16 @@ import argparse
 
 from .. import worktree
 from ..bases import get_base, previous_release
-from .options import dest_option
+from .options import Subparsers, command_parser, path_option
+
+HELP = (
+    "port a series to another release: three-way merge each patch "
+    "onto its tag in a new work tree"
+)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "rebase",
-        help="port a series to another release: three-way merge each patch "
-        "onto its tag in a new work tree",
-    )
+def register(subparsers: Subparsers) -> None:
+    parser = command_parser(subparsers, "rebase", run, base=False, help=HELP)
     parser.add_argument("--onto", required=True, metavar="VERSION")
     parser.add_argument(
         "--from",
@@ -22,8 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="VERSION",
         help="the series to port (default: the newest older base with one)",
     )
-    dest_option(parser, "default: build/<onto>/work")
-    parser.set_defaults(func=run)
+    path_option(parser, "--dest", "default: build/<onto>/work")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,23 +6,25 @@ import argparse
 
 from .. import worktree
 from ..errors import PatchsetError
-from .options import base_option, chosen_base, vllm_src_option
+from .options import Subparsers, chosen_base, command_parser, path_option
+
+DESCRIPTION = (
+    "Regenerate patch N and later ones from the work tree, "
+    "keeping each header; with N one past the end, turn the commit made "
+    "after the series into a new patch. For a base with no series yet "
+    "(after `rebase --onto`), write its series from the work tree."
+)
+HELP = (
+    "regenerate patch N (and later ones) from the edited work tree; the overlay follows"
+)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "refresh",
-        description="Regenerate patch N and later ones from the work tree, "
-        "keeping each header; with N one past the end, turn the commit made "
-        "after the series into a new patch. For a base with no series yet "
-        "(after `rebase --onto`), write its series from the work tree.",
-        help="regenerate patch N (and later ones) "
-        "from the edited work tree; the overlay follows",
+def register(subparsers: Subparsers) -> None:
+    parser = command_parser(
+        subparsers, "refresh", run, description=DESCRIPTION, help=HELP
     )
-    base_option(parser)
     parser.add_argument("number", type=int, metavar="N")
-    vllm_src_option(parser, "the work tree (default: build/<version>/work)")
-    parser.set_defaults(func=run)
+    path_option(parser, "--vllm-src", "the work tree (default: build/<version>/work)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ import importlib
 import os
 
 from .. import runner
-from .options import base_option, chosen_base, managed_python
+from .options import Subparsers, chosen_base, command_parser, flag, managed_python
 
 REPORTS = {
     "coverage": "which layers online quantization reaches",
@@ -24,17 +24,14 @@ def report_module(name: str) -> str:
     return f"patchset_tool.{name}"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: Subparsers) -> None:
     for name, text in REPORTS.items():
-        parser = subparsers.add_parser(
-            name, help=text + " (on the meta device)", add_help=False
+        parser = command_parser(
+            subparsers, name, run, help=text + " (on the meta device)", add_help=False
         )
-        base_option(parser)
-        parser.add_argument(
-            "--pristine", action="store_true", help="report for the unpatched install"
-        )
+        flag(parser, "--pristine", "report for the unpatched install")
         parser.add_argument("report_args", nargs=argparse.REMAINDER)
-        parser.set_defaults(func=run, report=name)
+        parser.set_defaults(report=name)
 
 
 def split_args(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -6,25 +6,22 @@ import argparse
 
 from .. import runner
 from ..errors import PatchsetError
-from .options import base_option, chosen_base
+from .options import Subparsers, chosen_base, command_parser, flag
+
+HELP = (
+    "run a command against the patched tree "
+    "(or --pristine: the unpatched install) on the CPU platform"
+)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "run",
-        help="run a command against the patched tree "
-        "(or --pristine: the unpatched install) on the CPU platform",
-    )
-    base_option(parser)
-    parser.add_argument(
-        "--pristine", action="store_true", help="the unpatched install instead"
-    )
+def register(subparsers: Subparsers) -> None:
+    parser = command_parser(subparsers, "run", run, help=HELP)
+    flag(parser, "--pristine", "the unpatched install instead")
     parser.add_argument(
         "command",
         nargs=argparse.REMAINDER,
         help="after `--`: the command, run in the current directory",
     )
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,16 +7,14 @@ import time
 
 from .. import envmgr
 from ..bases import load_bases
-from .options import base_option, chosen_base
+from .options import Subparsers, chosen_base, command_parser, flag
+
+HELP = "create or reuse a base's managed environment"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "setup", help="create or reuse a base's managed environment"
-    )
-    base_option(parser)
-    parser.add_argument("--all", action="store_true", help="every declared base")
-    parser.set_defaults(func=run)
+def register(subparsers: Subparsers) -> None:
+    parser = command_parser(subparsers, "setup", run, help=HELP)
+    flag(parser, "--all", "every declared base")
 
 
 def run(args: argparse.Namespace) -> int:

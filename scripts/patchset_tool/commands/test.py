@@ -7,16 +7,16 @@ import os
 
 from .. import testcmd
 from ..bases import load_bases
-from .options import base_option, chosen_base
+from .options import Subparsers, chosen_base, command_parser
+
+HELP = (
+    "the whole test command: check, tool tests, and per base the "
+    "model tests on pristine and patched, lint and upstream's gates"
+)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "test",
-        help="the whole test command: check, tool tests, and per base the "
-        "model tests on pristine and patched, lint and upstream's gates",
-    )
-    base_option(parser)
+def register(subparsers: Subparsers) -> None:
+    parser = command_parser(subparsers, "test", run, help=HELP)
     parser.add_argument(
         "--jobs",
         type=int,
@@ -25,7 +25,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="parts run side by side, and pytest-xdist workers of the tool's "
         "tests (default: the number of cores)",
     )
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,17 +5,16 @@
 import argparse
 
 from .. import upstream_checks
-from .options import base_option, chosen_base, managed_python
+from .options import Subparsers, chosen_base, command_parser, managed_python
+
+HELP = (
+    "upstream's own check_test_tethering.py and check_spdx_header.py "
+    "(from the base's release source) over this repository"
+)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "upstream-checks",
-        help="upstream's own check_test_tethering.py and check_spdx_header.py "
-        "(from the base's release source) over this repository",
-    )
-    base_option(parser)
-    parser.set_defaults(func=run)
+def register(subparsers: Subparsers) -> None:
+    command_parser(subparsers, "upstream-checks", run, help=HELP)
 
 
 def run(args: argparse.Namespace) -> int:

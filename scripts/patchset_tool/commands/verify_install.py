@@ -6,14 +6,16 @@ import argparse
 from pathlib import Path
 
 from .. import installed
+from .options import Subparsers, command_parser
+
+HELP = (
+    "which vLLM and series an environment holds, and whether its "
+    "files still match RECORD (exit 1 on drift)"
+)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "verify-install",
-        help="which vLLM and series an environment holds, and whether its "
-        "files still match RECORD (exit 1 on drift)",
-    )
+def register(subparsers: Subparsers) -> None:
+    parser = command_parser(subparsers, "verify-install", run, base=False, help=HELP)
     parser.add_argument(
         "python",
         nargs="?",
@@ -22,7 +24,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the environment's interpreter (default: python3 on PATH), or "
         "the folder of a `pip install --target DIR`",
     )
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,18 +5,17 @@
 import argparse
 
 from .. import worktree
-from .options import base_option, chosen_base, dest_option
+from .options import Subparsers, chosen_base, command_parser, path_option
+
+HELP = (
+    "make a git work tree (pristine "
+    "release source + one commit per patch) to edit the series in"
+)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "worktree",
-        help="make a git work tree (pristine "
-        "release source + one commit per patch) to edit the series in",
-    )
-    base_option(parser)
-    dest_option(parser, "default: build/<version>/work")
-    parser.set_defaults(func=run)
+def register(subparsers: Subparsers) -> None:
+    parser = command_parser(subparsers, "worktree", run, help=HELP)
+    path_option(parser, "--dest", "default: build/<version>/work")
 
 
 def run(args: argparse.Namespace) -> int:
