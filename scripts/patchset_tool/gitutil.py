@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Thin wrappers over the git command line."""
+"""Thin wrappers over the git command line: every git the tool runs goes
+through `git` here (in the C locale), with the tool's one commit IDENTITY and
+the scratch worktrees that leave a checkout alone."""
 
 import os
 import re
