@@ -19,17 +19,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import envmgr, gitutil, paths, trees
+from . import gitutil, paths, trees
 from .bases import Base
-from .distinfo import InstalledVllm, find_base_install
+from .distinfo import InstalledVllm, check_base, default_install
 from .errors import PatchsetError
-from .series import Patch, load_series
+from .series import Series
 
 STAMP = ".patchset-stamp.json"
 OWNED = (trees.MARKER, STAMP)
 """A patched tree holds one of these (STAMP alone: made by an older tool)."""
 KILL_AFTER_VAR = "PATCHSET_TEST_KILL_AFTER"
-SITE_VAR = "GLM5NEXT_PATCHSET_SITE"
 
 
 @dataclass
@@ -56,61 +55,18 @@ class Summary:
         )
 
 
-def touched_files(patches: list[Patch]) -> dict[str, bool]:
-    """Every path the series touches, mapped to whether it existed before."""
-    first_touch: dict[str, bool] = {}
-    for patch in patches:
-        for diff in patch.files:
-            first_touch.setdefault(diff.path, not diff.is_new)
-    return first_touch
-
-
-def series_digest(install: InstalledVllm, base: Base) -> str:
+def series_digest(install: InstalledVllm, series: Series) -> str:
     """What a patched tree was built from: the series, the patches, the
     overlay and the base install."""
+    base = series.base
     h = hashlib.sha256(str(install.site).encode())
     h.update(base.series_file.read_bytes())
-    for patch in load_series(base.patches):
+    for patch in series.patches:
         h.update(patch.path.read_bytes())
     for path in paths.files_under(base.overlay):
         h.update(str(path.relative_to(base.overlay)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()
-
-
-def default_install(base: Base) -> InstalledVllm:
-    """The install `base`'s series applies to: its managed environment's,
-    or the site-packages named by GLM5NEXT_PATCHSET_SITE (a copy under
-    test)."""
-    override = os.environ.get(SITE_VAR)
-    if override:
-        return find_base_install(Path(override), base)
-    python = envmgr.env_python(base)
-    assert python is not None
-    return find_base_install(envmgr.site_packages(python), base)
-
-
-def check_base(install: InstalledVllm, patches: list[Patch]) -> list[str]:
-    """Verify the base files; return the vllm/ paths that must pre-exist."""
-    existing, problems = [], []
-    for path, existed in touched_files(patches).items():
-        in_wheel = path.startswith("vllm/")
-        if existed and in_wheel:
-            existing.append(path)
-        elif existed:
-            problems.append(
-                f"{path}: modified by the series but not shipped "
-                "in the wheel; use --vllm-src"
-            )
-        elif in_wheel and (install.site / path).exists():
-            creator = next(p.name for p in patches if p.file(path))
-            problems.append(
-                f"{creator}: creates {path}, which already exists in {install.site}"
-            )
-    if problems:
-        raise PatchsetError("the series cannot apply here:\n  " + "\n  ".join(problems))
-    install.verify(existing)
-    return existing
 
 
 def _copy_package(install: InstalledVllm, staging: Path) -> None:
@@ -134,19 +90,18 @@ def _copy_package(install: InstalledVllm, staging: Path) -> None:
     shutil.copytree(install.dist_info, staging / install.dist_info.name)
 
 
-def apply_series_in(root: Path, base: Base) -> None:
-    """Apply `base`'s series to the copy of vLLM's files under `root` (which
+def apply_series_in(root: Path, series: Series) -> None:
+    """Apply `series` to the copy of vLLM's files under `root` (which
     holds `vllm/`) and prove the result equals the base's overlay; raise
     naming the patch, file and hunk that fail."""
-    patches = load_series(base.patches)
-    _apply_patches(patches, root)
-    _compare_with_overlay(patches, root, base)
+    _apply_patches(series, root)
+    _compare_with_overlay(series, root)
 
 
-def _apply_patches(patches: list[Patch], staging: Path) -> None:
+def _apply_patches(series: Series, staging: Path) -> None:
     env = gitutil.outside_repo_env(staging)
     kill_after = os.environ.get(KILL_AFTER_VAR)
-    for number, patch in enumerate(patches, 1):
+    for number, patch in enumerate(series.patches, 1):
         proc = gitutil.git(
             "apply",
             "--whitespace=nowarn",
@@ -164,10 +119,10 @@ def _apply_patches(patches: list[Patch], staging: Path) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _compare_with_overlay(patches: list[Patch], staging: Path, base: Base) -> None:
+def _compare_with_overlay(series: Series, staging: Path) -> None:
     """The applied result must equal the base's overlay, file for file."""
     problems = []
-    touched = touched_files(patches)
+    base, touched = series.base, series.touched
     for path in touched:
         reference = base.copy_of(path)
         result = staging / path
@@ -220,13 +175,13 @@ def apply_to_package(
     start = time.monotonic()
     gitutil.git_exe()
     install = install or default_install(base)
-    patches = load_series(base.patches)
-    existing = check_base(install, patches)
+    series = Series.load(base)
+    existing = check_base(install, series)
     summary = Summary(
         base,
-        len(patches),
-        len(touched_files(patches)),
-        sum(p.hunks for p in patches),
+        len(series.patches),
+        len(series.touched),
+        series.hunks,
         len(existing),
         0.0,
         dest,
@@ -234,7 +189,7 @@ def apply_to_package(
     if dest is None:
         staging = Path(tempfile.mkdtemp(prefix="patchset-check-"))
         try:
-            _build(install, patches, base, staging)
+            _build(install, series, staging)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         summary.seconds = time.monotonic() - start
@@ -243,20 +198,20 @@ def apply_to_package(
     _writable_parent(dest)
     with trees.locked(dest):
         remove_stale_staging(dest)  # what a killed apply left behind
-        if not force and is_current(dest, install, base, full=True):
-            _compare_with_overlay(patches, dest, base)
+        if not force and _is_current(dest, install, series, full=True):
+            _compare_with_overlay(series, dest)
             summary.up_to_date = True
         else:
             staging = Path(
                 tempfile.mkdtemp(prefix=f".{dest.name}.staging-", dir=dest.parent)
             )
             try:
-                _build(install, patches, base, staging)
+                _build(install, series, staging)
                 stamp = {
-                    "digest": series_digest(install, base),
+                    "digest": series_digest(install, series),
                     "vllm": base.version,
                     "base": str(install.site),
-                    "patches": [p.name for p in patches],
+                    "patches": [p.name for p in series.patches],
                 }
                 trees.mark(staging, "patched-tree")
                 (staging / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
@@ -268,14 +223,11 @@ def apply_to_package(
     return summary
 
 
-def _build(
-    install: InstalledVllm, patches: list[Patch], base: Base, staging: Path
-) -> None:
+def _build(install: InstalledVllm, series: Series, staging: Path) -> None:
     """The patched package in `staging`, proven equal to the overlay."""
     os.chmod(staging, 0o777 & ~trees.umask())  # mkdtemp made it 0700
     _copy_package(install, staging)
-    _apply_patches(patches, staging)
-    _compare_with_overlay(patches, staging, base)
+    apply_series_in(staging, series)
 
 
 def _swap_into_place(staging: Path, dest: Path) -> None:
@@ -294,11 +246,16 @@ def is_current(
     """Whether `dest` was built from `base`'s current series and install,
     and still holds every file its manifest lists (`full`: with the same
     sha256; otherwise the same size)."""
+    return _is_current(dest, install, Series.load(base), full)
+
+
+def _is_current(dest: Path, install: InstalledVllm, series: Series, full: bool) -> bool:
+    """`is_current` for a loaded series."""
     try:
         stamp = json.loads((dest / STAMP).read_text())
     except (OSError, ValueError):
         return False
-    if stamp.get("digest") != series_digest(install, base):
+    if stamp.get("digest") != series_digest(install, series):
         return False
     return not trees.damage(dest, full=full)
 
@@ -322,38 +279,14 @@ def report_tree(base: Base, dest: Path) -> int:
     return 1
 
 
-def apply_to_checkout(base: Base, src: Path, check: bool) -> tuple[int, float]:
-    """`git am -3` `base`'s series onto a vLLM checkout (check: in a scratch
+def apply_to_checkout(series: Series, src: Path, check: bool) -> tuple[int, float]:
+    """`git am -3` `series` onto a vLLM checkout (check: in a scratch
     worktree, leaving `src` alone); return (patches, seconds)."""
     start = time.monotonic()
-    patches = load_series(base.patches)
     gitutil.require_clean_checkout(src)
     if check:
-        with scratch_worktree(src) as scratch:
-            gitutil.am_series(scratch, patches)
+        with gitutil.scratch_worktree(src) as scratch:
+            gitutil.am_series(scratch, series.patches)
     else:
-        gitutil.am_series(src, patches)
-    return len(patches), time.monotonic() - start
-
-
-class scratch_worktree:
-    """A detached worktree of `src` at HEAD, removed on exit."""
-
-    def __init__(self, src: Path, branch: str | None = None) -> None:
-        self.src, self.branch = src, branch
-        self.path = Path(tempfile.mkdtemp(prefix="patchset-worktree-"))
-
-    def __enter__(self) -> Path:
-        self.path.rmdir()
-        args = ["-b", self.branch] if self.branch else ["--detach"]
-        gitutil.git(
-            "worktree", "add", "--quiet", *args, str(self.path), "HEAD", cwd=self.src
-        )
-        return self.path
-
-    def __exit__(self, *exc: object) -> None:
-        gitutil.git(
-            "worktree", "remove", "--force", str(self.path), cwd=self.src, check=False
-        )
-        shutil.rmtree(self.path, ignore_errors=True)
-        gitutil.git("worktree", "prune", cwd=self.src, check=False)
+        gitutil.am_series(src, series.patches)
+    return len(series.patches), time.monotonic() - start

@@ -120,6 +120,18 @@ def release_order() -> list[Base]:
     return sorted(load_bases(), key=lambda b: b.version_key)
 
 
+def previous_release(onto: Base) -> Base:
+    """The newest declared base older than `onto` that has a series."""
+    older = [
+        b
+        for b in release_order()
+        if b.series_file.exists() and b.version_key < onto.version_key
+    ]
+    if not older:
+        raise PatchsetError(f"no older base with a series to port onto {onto.tag}")
+    return older[-1]
+
+
 def declared_differences() -> dict[str, str]:
     """Patch subjects that not every base's series carries, mapped to the
     reason `bases.toml` gives (its `[[difference]]` tables)."""

@@ -14,10 +14,11 @@ import re
 import subprocess
 from pathlib import Path
 
-from . import apply, envmgr, gitutil, sourcetree
+from . import envmgr, gitutil, sourcetree
 from .bases import Base, release_order
+from .distinfo import default_install
 from .errors import PatchsetError
-from .series import load_series
+from .series import Series
 
 SKIP = 125
 
@@ -43,24 +44,23 @@ def release_of(src: Path) -> Base | None:
     return ancestors[-1] if ancestors else None
 
 
-def bisect_run(series_base: Base, src: Path, pytest_args: list[str]) -> int:
-    """Apply `series_base`'s series at HEAD of `src` in a scratch worktree
-    and run its model tests there, over the compiled extensions of the
-    release HEAD belongs to; return 0, 1 or 125."""
+def bisect_run(series: Series, src: Path, pytest_args: list[str]) -> int:
+    """Apply `series` at HEAD of `src` in a scratch worktree and run its
+    model tests there, over the compiled extensions of the release HEAD
+    belongs to; return 0, 1 or 125."""
     head = gitutil.require_clean_checkout(src)[:12]
     release = release_of(src)
     if release is None:
         print(f"bisect-run: {head}: no declared release precedes it, skipping (125)")
         return SKIP
     python = envmgr.env_python(release, require=False) or envmgr.setup(release)
-    patches = load_series(series_base.patches)
-    with apply.scratch_worktree(src) as scratch:
+    with gitutil.scratch_worktree(src) as scratch:
         try:
-            gitutil.am_series(scratch, patches)
+            gitutil.am_series(scratch, series.patches)
         except PatchsetError as exc:
             print(f"bisect-run: {head}: series does not apply, skipping (125)\n{exc}")
             return SKIP
-        install = apply.default_install(release)
+        install = default_install(release)
         sourcetree.link_extensions(install.package, scratch)
         env = sourcetree.checkout_env(python, release, scratch)
         probe = subprocess.run(
@@ -81,7 +81,7 @@ def bisect_run(series_base: Base, src: Path, pytest_args: list[str]) -> int:
         # from tests/, with upstream's tests/conftest.py loaded.
         tests = [
             str(Path(t).relative_to("tests"))
-            for t in sourcetree.series_test_files(series_base)
+            for t in series.test_files
             if Path(t).name.startswith("test_")
         ]
         command = [

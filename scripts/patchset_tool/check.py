@@ -13,14 +13,14 @@ every base's overlay, so that a fix made for one base cannot be forgotten
 for another.
 """
 
-import hashlib
 import re
 
 from . import envmgr, paths
-from .apply import default_install
 from .bases import Base, declared_differences, declared_same, load_bases
+from .digests import git_blob_id
+from .distinfo import default_install
 from .errors import PatchsetError
-from .series import Patch, load_series, read_series
+from .series import Patch, Series, read_series
 
 SPDX = (
     "# SPDX-License-Identifier: Apache-2.0\n"
@@ -29,10 +29,6 @@ SPDX = (
 SUBJECT = re.compile(r"^\[[A-Za-z0-9 /._-]+\](\[[A-Za-z0-9 /._-]+\])* \S")
 SIGNED_OFF = re.compile(r"^Signed-off-by: .+ <[^@\s]+@[^>\s]+>$", re.M)
 NULL_BLOB = "0" * 40
-
-
-def git_blob_id(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def _check_header(patch: Patch) -> list[str]:
@@ -51,29 +47,9 @@ def _check_header(patch: Patch) -> list[str]:
     return problems
 
 
-def file_chain(patches: list[Patch]) -> tuple[list[str], dict[str, str]]:
-    """Blob ids must chain from patch to patch; return the final ids."""
-    problems: list[str] = []
-    last: dict[str, str] = {}
-    for patch in patches:
-        for diff in patch.files:
-            if len(diff.new_blob) != 40 or len(diff.old_blob) != 40:
-                problems.append(
-                    f"{patch.name}: {diff.path}: index line lacks "
-                    "full blob ids (use format-patch --full-index)"
-                )
-                continue
-            previous = last.get(diff.path)
-            if previous is not None and previous != diff.old_blob:
-                problems.append(
-                    f"{patch.name}: {diff.path}: does not start "
-                    "where the previous patch left it"
-                )
-            last[diff.path] = diff.new_blob
-    return problems, last
-
-
-def _check_results(base: Base, last: dict[str, str], new_files: set[str]) -> list[str]:
+def _check_results(
+    base: Base, last: dict[str, str], new_files: frozenset[str]
+) -> list[str]:
     problems = []
     for path, blob in last.items():
         copy = base.copy_of(path)
@@ -102,24 +78,20 @@ def _check_results(base: Base, last: dict[str, str], new_files: set[str]) -> lis
     return problems
 
 
-def _check_base_files(base: Base, patches: list[Patch], new_files: set[str]) -> str:
+def _check_base_files(series: Series) -> str:
     """Verify base files against RECORD when an environment exists."""
+    base = series.base
     if envmgr.env_python(base, require=False) is None:
         return "base files: not verified (no managed environment yet)"
     install = default_install(base)
     touched = sorted(
-        {
-            d.path
-            for p in patches
-            for d in p.files
-            if d.path.startswith("vllm/") and d.path not in new_files
-        }
+        p for p in series.touched if p.startswith("vllm/") and p not in series.created
     )
     install.verify(touched)
     return f"base files: {len(touched)} match RECORD of vllm {install.version}"
 
 
-def check_base_series(base: Base) -> tuple[list[Patch], list[str]]:
+def check_base_series(base: Base) -> tuple[Series, list[str]]:
     """Check one base's series against its overlay; return the parsed
     series and notes, or raise listing every problem."""
     names = read_series(base.patches)
@@ -133,25 +105,24 @@ def check_base_series(base: Base) -> tuple[list[Patch], list[str]]:
                 f"{base.series_file}: entry {number} is {name}; "
                 f"expected it to be numbered {number:04d}"
             )
-    patches = load_series(base.patches)
-    for patch in patches:
+    series = Series.load(base)
+    for patch in series.patches:
         problems += [f"{patch.name}: {p}" for p in _check_header(patch)]
-    chain_problems, last = file_chain(patches)
-    new_files = {d.path for p in patches for d in p.files if d.is_new}
-    problems += chain_problems + _check_results(base, last, new_files)
+    chain_problems, last = series.blob_chain()
+    problems += chain_problems + _check_results(base, last, series.created)
     if problems:
         raise PatchsetError(
             f"check failed for vLLM {base.version}:\n  " + "\n  ".join(problems)
         )
     notes = [
         (
-            f"vLLM {base.version}: {len(patches)} patches, {len(last)} files, "
-            f"{sum(p.hunks for p in patches)} hunks: headers, blob chain, "
+            f"vLLM {base.version}: {len(series.patches)} patches, {len(last)} "
+            f"files, {series.hunks} hunks: headers, blob chain, "
             "overlay, model tests and SPDX headers agree"
         ),
-        f"vLLM {base.version}: " + _check_base_files(base, patches, new_files),
+        f"vLLM {base.version}: " + _check_base_files(series),
     ]
-    return patches, notes
+    return series, notes
 
 
 def _compare_subjects(series: dict[str, list[Patch]]) -> list[str]:
@@ -202,7 +173,8 @@ def check() -> list[str]:
     series: dict[str, list[Patch]] = {}
     notes: list[str] = []
     for base in load_bases():
-        series[base.version], base_notes = check_base_series(base)
+        loaded, base_notes = check_base_series(base)
+        series[base.version] = loaded.patches
         notes += base_notes
     problems = _compare_subjects(series) + _compare_same_files(load_bases())
     if problems:

@@ -13,7 +13,7 @@ the step that `patchset test` runs: the model tests (tests/models/glm5next/)
 and the upstream neighbours (ci/upstream_neighbours.txt).
 
 The YAML needs PyYAML, so the report runs in the base's managed
-environment: `cmd_ci_impact` starts `python -m patchset_tool.ci_impact`
+environment: `run_in_env` starts `python -m patchset_tool.ci_impact`
 there on a scratch clone of the release.
 """
 
@@ -26,16 +26,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import apply, envmgr, neighbours, paths, runner, sourcetree, upstream
+from . import envmgr, neighbours, paths, runner, upstream
 from .bases import Base, get_base
 from .errors import PatchsetError
-from .series import load_series
+from .series import Series
 
 TETHERING = "tools/pre_commit/check_test_tethering.py"
 
 
-def cmd_ci_impact(args: argparse.Namespace) -> int:
-    base = get_base(args.base)
+def run_in_env(base: Base) -> int:
+    """The report for `base`, made in its managed environment (set up
+    first when needed); the report's exit status."""
     python = envmgr.setup(base)
     env = runner.tree_env(python, base, pristine=True)
     with tempfile.TemporaryDirectory(prefix="patchset-ci-impact-") as tmp:
@@ -85,25 +86,23 @@ def runs_here(
     return [f for f in here if tethering.is_tethered(f, selections)]
 
 
-def files_run_here(base: Base, checkout: Path) -> list[str]:
-    """The test files `patchset test` runs for `base` (paths in vLLM's tree)."""
+def files_run_here(series: Series, checkout: Path) -> list[str]:
+    """The test files `patchset test` runs for the base of `series` (paths
+    in vLLM's tree)."""
     model_tests = sorted(
         p.relative_to(checkout).as_posix()
         for p in (checkout / paths.MODEL_TESTS).glob("test_*.py")
     )
-    model_tests += [
-        p
-        for p in sourcetree.series_test_files(base)
-        if Path(p).name.startswith("test_")
-    ]
+    model_tests += [p for p in series.test_files if Path(p).name.startswith("test_")]
     runnable = [n.path for n in neighbours.load() if not n.skip]
     return sorted(set(model_tests)) + [p for p in runnable if (checkout / p).is_file()]
 
 
 def report(base: Base, checkout: Path) -> str:
-    touched = sorted(apply.touched_files(load_series(base.patches)))
+    series = Series.load(base)
+    touched = sorted(series.touched)
     tethering = load_tethering(checkout)
-    here = files_run_here(base, checkout)
+    here = files_run_here(series, checkout)
     all_steps = steps(checkout, tethering)
     always = [s for s in all_steps if "source_file_dependencies" not in s]
     rows = []

@@ -1,23 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The vllm distribution in a site-packages folder: its version and RECORD,
-and the proof that its files are as RECORD says."""
+the proof that its files are as RECORD says, and the install a base's
+series applies to."""
 
-import base64
 import csv
-import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import envmgr
 from .bases import Base
+from .digests import record_digest
 from .errors import PatchsetError
+from .series import Series
 
-
-def record_digest(path: Path) -> str:
-    """A file's sha256 in RECORD's form (urlsafe base64, no padding)."""
-    with open(path, "rb") as handle:
-        digest = hashlib.file_digest(handle, "sha256").digest()
-    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+SITE_VAR = "GLM5NEXT_PATCHSET_SITE"
 
 
 def read_record(dist_info: Path) -> dict[str, str]:
@@ -90,3 +88,40 @@ def find_base_install(site: Path, base: Base) -> InstalledVllm:
             f"run `scripts/patchset setup --base {base.version}`"
         )
     return install
+
+
+def default_install(base: Base) -> InstalledVllm:
+    """The install `base`'s series applies to: its managed environment's,
+    or the site-packages named by GLM5NEXT_PATCHSET_SITE (a copy under
+    test)."""
+    override = os.environ.get(SITE_VAR)
+    if override:
+        return find_base_install(Path(override), base)
+    python = envmgr.env_python(base)
+    assert python is not None
+    return find_base_install(envmgr.site_packages(python), base)
+
+
+def check_base(install: InstalledVllm, series: Series) -> list[str]:
+    """Verify the base files `series` modifies against `install`'s RECORD
+    and that none it creates exists; return the vllm/ paths that must
+    pre-exist, or raise listing every problem."""
+    existing, problems = [], []
+    for path, existed in series.touched.items():
+        in_wheel = path.startswith("vllm/")
+        if existed and in_wheel:
+            existing.append(path)
+        elif existed:
+            problems.append(
+                f"{path}: modified by the series but not shipped "
+                "in the wheel; use --vllm-src"
+            )
+        elif in_wheel and (install.site / path).exists():
+            problems.append(
+                f"{series.creator(path)}: creates {path}, which already exists "
+                f"in {install.site}"
+            )
+    if problems:
+        raise PatchsetError("the series cannot apply here:\n  " + "\n  ".join(problems))
+    install.verify(existing)
+    return existing

@@ -5,10 +5,9 @@
 import re
 from pathlib import Path
 
-from . import apply, gitutil
-from .bases import Base
+from . import gitutil
 from .errors import PatchsetError
-from .series import Patch, load_series
+from .series import Patch, Series
 
 TEMPLATE = ".github/PULL_REQUEST_TEMPLATE.md"
 FALLBACK_TEMPLATE = "## Purpose\n\n## Test Plan\n\n## Test Result\n"
@@ -170,11 +169,11 @@ def _own_the_commits(scratch: Path, base_head: str, name: str, email: str) -> No
         raise PatchsetError(f"export: could not re-author the commits:\n{proc.stderr}")
 
 
-def export(base: Base, src: Path, branch: str, description: Path) -> int:
-    """Create `branch` at HEAD of `src` with `base`'s series on top, one
-    commit per patch authored and signed off by the person exporting,
-    without touching the checkout's work tree; write the PR description."""
-    patches = load_series(base.patches)
+def export(series: Series, src: Path, branch: str, description: Path) -> int:
+    """Create `branch` at HEAD of `src` with `series` on top, one commit
+    per patch authored and signed off by the person exporting, without
+    touching the checkout's work tree; write the PR description."""
+    patches = series.patches
     if not patches:
         raise PatchsetError("export: the series is empty")
     head = gitutil.require_clean_checkout(src)
@@ -185,7 +184,7 @@ def export(base: Base, src: Path, branch: str, description: Path) -> int:
     if exists.returncode == 0:
         raise PatchsetError(f"{src}: branch {branch} already exists")
     try:
-        with apply.scratch_worktree(src, branch=branch) as scratch:
+        with gitutil.scratch_worktree(src, branch=branch) as scratch:
             gitutil.am_series(scratch, patches)
             _own_the_commits(scratch, head, name, email)
     except PatchsetError:

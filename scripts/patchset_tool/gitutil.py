@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Thin wrappers over the git command line."""
+"""Thin wrappers over the git command line: every git the tool runs goes
+through `git` here (in the C locale), with the tool's one commit IDENTITY and
+the scratch worktrees that leave a checkout alone."""
 
 import os
 import re
@@ -16,6 +18,9 @@ FAILED_AT = re.compile(r"error: patch failed: (\S+):(\d+)")
 AM_FAILED = re.compile(r"Patch failed at (\d{4})")
 EXISTS = re.compile(r"error: (\S+): already exists in (?:working directory|index)")
 CORRUPT = re.compile(r"(corrupt patch at line \d+)")
+TOOL_NAME, TOOL_EMAIL = "patchset", "patchset@localhost"
+IDENTITY = ("-c", f"user.name={TOOL_NAME}", "-c", f"user.email={TOOL_EMAIL}")
+"""git options that make the tool the author of the commits it makes."""
 
 
 def git_exe() -> str:
@@ -76,8 +81,8 @@ def committer_env(src: Path) -> dict[str, str] | None:
         return None
     return {
         **os.environ,
-        "GIT_COMMITTER_NAME": "patchset",
-        "GIT_COMMITTER_EMAIL": "patchset@localhost",
+        "GIT_COMMITTER_NAME": TOOL_NAME,
+        "GIT_COMMITTER_EMAIL": TOOL_EMAIL,
     }
 
 
@@ -135,9 +140,7 @@ def _hunk_failure(src: Path, head: str, patches: list[Patch], failed: Patch) -> 
     """Re-apply the patches before `failed` in a scratch worktree and ask a
     plain `git apply --check` which file and hunk of `failed` do not apply
     (a three-way `git am` reports only the conflicting file)."""
-    scratch = Path(tempfile.mkdtemp(prefix="patchset-diagnose-"))
-    try:
-        git("worktree", "add", "--quiet", "--detach", str(scratch), head, cwd=src)
+    with scratch_worktree(src, commit=head) as scratch:
         before = patches[: patches.index(failed)]
         if before:
             git(
@@ -150,9 +153,6 @@ def _hunk_failure(src: Path, head: str, patches: list[Patch], failed: Patch) -> 
             )
         check = git("apply", "--check", str(failed.path), cwd=scratch, check=False)
         return explain_failure(failed, check.stderr)
-    finally:
-        git("worktree", "remove", "--force", str(scratch), cwd=src, check=False)
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def am_series(src: Path, patches: list[Patch]) -> None:
@@ -188,3 +188,33 @@ def am_series(src: Path, patches: list[Patch]) -> None:
         f"{message}\n{src} is left at {head[:12]}, as it was.\n"
         f"git said:\n{output.strip()}"
     )
+
+
+class scratch_worktree:
+    """A worktree of `src` at `commit` (detached, or on a new `branch`),
+    removed on exit."""
+
+    def __init__(
+        self, src: Path, branch: str | None = None, commit: str = "HEAD"
+    ) -> None:
+        self.src, self.branch, self.commit = src, branch, commit
+        self.path = Path(tempfile.mkdtemp(prefix="patchset-worktree-"))
+
+    def __enter__(self) -> Path:
+        self.path.rmdir()
+        args = ["-b", self.branch] if self.branch else ["--detach"]
+        git(
+            "worktree",
+            "add",
+            "--quiet",
+            *args,
+            str(self.path),
+            self.commit,
+            cwd=self.src,
+        )
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        git("worktree", "remove", "--force", str(self.path), cwd=self.src, check=False)
+        shutil.rmtree(self.path, ignore_errors=True)
+        git("worktree", "prune", cwd=self.src, check=False)

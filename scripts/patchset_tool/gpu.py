@@ -23,7 +23,6 @@ Only the standard library is used here, and binutils' `strip` where it is
 installed.
 """
 
-import hashlib
 import json
 import lzma
 import re
@@ -34,6 +33,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from .digests import file_sha256
 from .junit import OUTCOMES, read_outcomes
 
 CARRY_LIMIT = 64 * 1024 * 1024
@@ -98,15 +98,6 @@ def vllm_version(site_packages: Path) -> str:
     return match.group(1)
 
 
-def sha256(path: Path) -> str:
-    """The hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def without_static_symbols(src: Path, work_dir: Path) -> Path:
     """A copy of the shared library `src` in `work_dir` without its static
     symbol table (`strip --strip-unneeded`: its code and the dynamic symbols
@@ -130,7 +121,7 @@ def xz_cached(src: Path, cache_dir: Path) -> Path:
     a temporary name first, so an interrupted run leaves no partial entry.
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
-    out = cache_dir / f"{sha256(src)}.xz"
+    out = cache_dir / f"{file_sha256(src)}.xz"
     if not out.exists():
         tmp = out.with_suffix(".tmp")
         tmp.write_bytes(lzma.compress(src.read_bytes(), preset=XZ_PRESET))

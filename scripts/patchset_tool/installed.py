@@ -11,7 +11,6 @@ exits non-zero. vLLM is never imported: the environment's interpreter is
 asked only for its site-packages.
 """
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -22,8 +21,7 @@ from typing import Any
 from .bases import load_bases
 from .distinfo import InstalledVllm, find_vllm, record_digest
 from .errors import PatchsetError
-from .series import load_series
-from .wheel import SERIES_FILE, SHORT_ID_LENGTH, series_id
+from .series import SERIES_FILE, SHORT_ID_LENGTH, Series
 
 PURELIB = 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
 
@@ -99,7 +97,7 @@ def checkout_note(series: dict[str, Any]) -> str:
     base = next((b for b in load_bases() if b.version == version), None)
     if base is None or not base.series_file.is_file():
         return f"  (this checkout has no series for vLLM {version} to compare)"
-    current = series_id(load_series(base.patches))
+    current = Series.load(base).id
     if current == series.get("id"):
         return f"  same series as this checkout's patches/{version}/"
     return (
@@ -149,9 +147,3 @@ def default_python() -> Path:
     """`python3` on PATH: the environment an operator has activated."""
     found = shutil.which("python3")
     return Path(found) if found else Path(sys.executable)
-
-
-def cmd_verify_install(args: argparse.Namespace) -> int:
-    if args.python is not None and args.python.is_dir():
-        return verify_site(args.python)  # `pip install --target DIR`
-    return verify_install(args.python or default_python())

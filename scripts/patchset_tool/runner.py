@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import apply, envmgr, paths
+from . import apply, distinfo, envmgr, paths
 from .bases import Base
 
 TREE_VAR = "GLM5NEXT_PATCHSET_TREE"
@@ -71,7 +71,7 @@ def suite_env(python: Path, base: Base) -> dict[str, str]:
     the pristine install's site-packages and the patched tree."""
     env = tree_env(python, base, pristine=False)
     roots = {
-        SUITE_PRISTINE_VAR: ("pristine", apply.default_install(base).site),
+        SUITE_PRISTINE_VAR: ("pristine", distinfo.default_install(base).site),
         SUITE_PATCHED_VAR: ("patched", base.patched_tree()),
     }
     for var, (tree, root) in roots.items():
@@ -82,7 +82,7 @@ def suite_env(python: Path, base: Base) -> dict[str, str]:
 
 def ensure_patched_tree(base: Base) -> None:
     """Re-apply `base`'s series when its patched tree is missing or stale."""
-    install = apply.default_install(base)
+    install = distinfo.default_install(base)
     dest = base.patched_tree()
     if not apply.is_current(dest, install, base):
         # On stderr: stdout belongs to the command (`capacity --json`).

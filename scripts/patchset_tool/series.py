@@ -1,12 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Reading the `series` file and the `git format-patch` mbox patches."""
+"""A base's series: the `series` file, its `git format-patch` mbox
+patches, and what follows from them (the files they touch and create,
+the blob chain, the series' identity and the manifest a wheel carries)."""
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
+from . import paths
+from .bases import Base
+from .digests import file_sha256
 from .errors import PatchsetError
+
+SERIES_FILE = "vllm/glm5next_series.json"
+"""Where a patched wheel names its series (`Series.manifest`)."""
+LOCAL_LABEL = "glm5next"
+SHORT_ID_LENGTH = 10
 
 MBOX_FROM = re.compile(r"^From [0-9a-f]{40} Mon Sep 17 00:00:00 2001$")
 PATCH_NAME = re.compile(r"^\d{4}-[A-Za-z0-9._-]+\.patch$")
@@ -53,6 +66,105 @@ class Patch:
 
     def file(self, path: str) -> FileDiff | None:
         return next((f for f in self.files if f.path == path), None)
+
+
+@dataclass
+class Series:
+    """One base's series, parsed once per command and passed down."""
+
+    base: Base
+    patches: list[Patch]
+
+    @classmethod
+    def load(cls, base: Base) -> "Series":
+        """`base`'s series; a missing or corrupt patch raises."""
+        return cls(base, load_series(base.patches))
+
+    @cached_property
+    def touched(self) -> dict[str, bool]:
+        """Every path the series touches, in the order first touched,
+        mapped to whether it existed before the series."""
+        first_touch: dict[str, bool] = {}
+        for patch in self.patches:
+            for diff in patch.files:
+                first_touch.setdefault(diff.path, not diff.is_new)
+        return first_touch
+
+    @cached_property
+    def created(self) -> frozenset[str]:
+        """The paths a patch of the series creates."""
+        return frozenset(d.path for p in self.patches for d in p.files if d.is_new)
+
+    @cached_property
+    def test_files(self) -> list[str]:
+        """The model test files the series adds, as paths in vLLM's tree."""
+        return sorted(p for p in self.created if p.startswith(f"{paths.MODEL_TESTS}/"))
+
+    @property
+    def hunks(self) -> int:
+        return sum(p.hunks for p in self.patches)
+
+    def creator(self, path: str) -> str:
+        """The name of the first patch that touches `path`."""
+        return next(p.name for p in self.patches if p.file(path))
+
+    def blob_chain(self) -> tuple[list[str], dict[str, str]]:
+        """(problems, each path's last blob id): blob ids must chain from
+        patch to patch, as full ids (`format-patch --full-index`)."""
+        problems: list[str] = []
+        last: dict[str, str] = {}
+        for patch in self.patches:
+            for diff in patch.files:
+                if len(diff.new_blob) != 40 or len(diff.old_blob) != 40:
+                    problems.append(
+                        f"{patch.name}: {diff.path}: index line lacks "
+                        "full blob ids (use format-patch --full-index)"
+                    )
+                    continue
+                previous = last.get(diff.path)
+                if previous is not None and previous != diff.old_blob:
+                    problems.append(
+                        f"{patch.name}: {diff.path}: does not start "
+                        "where the previous patch left it"
+                    )
+                last[diff.path] = diff.new_blob
+        return problems, last
+
+    @cached_property
+    def id(self) -> str:
+        """The hex sha256 over the patch files, in order, names included."""
+        digest = hashlib.sha256()
+        for patch in self.patches:
+            digest.update(patch.name.encode() + b"\0" + patch.path.read_bytes() + b"\0")
+        return digest.hexdigest()
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:SHORT_ID_LENGTH]
+
+    @property
+    def version(self) -> str:
+        """The PEP 440 version `<base>+glm5next.<short id>` of the patched
+        wheel, normalized."""
+        # An all-digit local segment compares as a number: normalizing drops
+        # its leading zeros, and the dist-info name must be the normal form.
+        label = str(int(self.short_id)) if self.short_id.isdigit() else self.short_id
+        return f"{self.base.version}+{LOCAL_LABEL}.{label}"
+
+    def manifest(self) -> bytes:
+        """The contents of `vllm/glm5next_series.json` (SERIES_FILE)."""
+        manifest = {
+            "series": LOCAL_LABEL,
+            "id": self.id,
+            "short_id": self.short_id,
+            "version": self.version,
+            "base": {"version": self.base.version, "commit": self.base.commit},
+            "patches": [
+                {"name": p.name, "subject": p.subject, "sha256": file_sha256(p.path)}
+                for p in self.patches
+            ],
+        }
+        return (json.dumps(manifest, indent=1) + "\n").encode()
 
 
 def read_series(patches_dir: Path) -> list[str]:

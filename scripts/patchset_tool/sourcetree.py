@@ -15,9 +15,10 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import apply, gitutil, paths, runner, upstream
+from . import gitutil, runner, upstream
 from .bases import Base
-from .series import load_series
+from .distinfo import default_install
+from .series import Series
 
 
 def link_extensions(install_package: Path, tree: Path) -> int:
@@ -36,16 +37,6 @@ def link_extensions(install_package: Path, tree: Path) -> int:
     return linked
 
 
-def series_test_files(base: Base) -> list[str]:
-    """The test files `base`'s series adds, as paths in vLLM's tree."""
-    return sorted(
-        d.path
-        for p in load_series(base.patches)
-        for d in p.files
-        if d.is_new and d.path.startswith(f"{paths.MODEL_TESTS}/")
-    )
-
-
 @contextlib.contextmanager
 def checkout_for_tests(base: Base, patched: bool) -> Iterator[Path]:
     """A checkout of `base`'s release with its compiled extensions: with the
@@ -58,6 +49,7 @@ def checkout_for_tests(base: Base, patched: bool) -> Iterator[Path]:
     so their mtimes) alone, so the bytecode of the ~5,800 files stays valid
     and vLLM is not compiled again on every run (~20 s of CPU each)."""
     tree = "patched" if patched else "pristine"
+    series = Series.load(base)
     clone = base.build_dir() / f"test-checkout-{tree}"
     clone.parent.mkdir(parents=True, exist_ok=True)
     with open(clone.with_name(clone.name + ".lock"), "w") as lock:
@@ -77,12 +69,12 @@ def checkout_for_tests(base: Base, patched: bool) -> Iterator[Path]:
         gitutil.git("checkout", "--quiet", "--force", "--detach", base.tag, cwd=clone)
         gitutil.git("clean", "-ffdxq", "-e", "__pycache__", "-e", "*.so", cwd=clone)
         if patched:
-            gitutil.am_series(clone, load_series(base.patches))
+            gitutil.am_series(clone, series.patches)
         else:
-            for path in series_test_files(base):
+            for path in series.test_files:
                 (clone / path).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(base.copy_of(path), clone / path)
-        link_extensions(apply.default_install(base).package, clone)
+        link_extensions(default_install(base).package, clone)
         yield clone
 
 

@@ -27,7 +27,6 @@ summary table ends the run, with the tail of each failed part's log.
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -37,10 +36,21 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from . import apply, check, envmgr, neighbours, paths, runner, sourcetree, upstream
+from . import (
+    apply,
+    check,
+    envmgr,
+    neighbours,
+    paths,
+    runner,
+    sourcetree,
+    upstream,
+    upstream_checks,
+)
 from .bases import Base
+from .errors import PatchsetError
 from .junit import read_node_list, read_outcomes
-from .series import load_series
+from .series import Series
 
 LOG_TAIL_LINES = 60
 
@@ -155,26 +165,47 @@ def verification_suite(part: Part, python: Path, base: Base) -> None:
     _expect(part, outcomes, skips=read_node_list(paths.SUITE_EXPECTED_SKIPS))
 
 
+def _apply_to_checkout(part: Part, series: Series, clone: Path, python: Path) -> int:
+    """What `apply --vllm-src` does, logged: `git am -3` the series onto
+    `clone`, then the checkout's own tethering hook on its new tests."""
+    assert part.log is not None
+    with part.log.open("a") as log:
+        log.write(f"$ patchset apply --base {series.base.version} --vllm-src {clone}\n")
+        try:
+            count, seconds = apply.apply_to_checkout(series, clone, check=False)
+        except PatchsetError as exc:
+            log.write(f"patchset: error: {exc}\n")
+            return exc.exit_code
+        log.write(f"applied {count} patches with git am -3 ({seconds:.2f} s)\n")
+        return upstream_checks.tether_new_tests(series, clone, python, log)
+
+
 def upstream_gates(part: Part, python: Path, base: Base) -> None:
     """The series on the base's real release source: `git am -3`, then
     upstream's own tethering and SPDX hooks on the files it changes."""
-    changed = sorted(apply.touched_files(load_series(base.patches)))
+    series = Series.load(base)
+    changed = sorted(series.touched)
     with tempfile.TemporaryDirectory() as tmp:
         clone = upstream.scratch_clone(Path(tmp), base)
-        tool = [sys.executable, str(paths.REPO / "scripts" / "patchset")]
-        commands = [
-            [*tool, "apply", "--base", base.version, "--vllm-src", str(clone)],
-            [
-                str(python),
-                "tools/pre_commit/check_spdx_header.py",
-                *[c for c in changed if c.endswith(".py")],
-            ],
+        rc = _apply_to_checkout(part, series, clone, python)
+        if rc:
+            part.problems.append(f"exited {rc}: apply --vllm-src {clone}")
+        spdx = [
+            str(python),
+            "tools/pre_commit/check_spdx_header.py",
+            *[c for c in changed if c.endswith(".py")],
         ]
-        for command in commands:
-            rc = _run_logged(part, command, clone, dict(os.environ))
-            if rc:
-                part.problems.append(f"exited {rc}: {' '.join(command[-3:])}")
+        rc = _run_logged(part, spdx, clone, dict(os.environ))
+        if rc:
+            part.problems.append(f"exited {rc}: {' '.join(spdx[-3:])}")
     part.passed, part.failed = (0, 1) if part.problems else (1, 0)
+
+
+def upstream_checks_part(part: Part, python: Path, base: Base) -> None:
+    """Upstream's tethering and SPDX checks over this repository, logged."""
+    assert part.log is not None
+    with part.log.open("a") as log:
+        part.count(upstream_checks.run_checks(base, python, out=log))
 
 
 def _check_part() -> Part:
@@ -182,7 +213,7 @@ def _check_part() -> Part:
     try:
         print("\n".join(check.check()))
         part.passed = 1
-    except apply.PatchsetError as exc:
+    except PatchsetError as exc:
         part.failed, part.problems = 1, [str(exc)]
     part.seconds = time.monotonic() - start
     return part
@@ -223,7 +254,6 @@ def run_tests(bases: list[Base], jobs: int = 2) -> int:
     first = bases[0]
     python = pythons[first.version]
     tool_env = runner.tree_env(python, first, pristine=True)
-    tool = [sys.executable, str(paths.REPO / "scripts" / "patchset")]
 
     def command(argv: list[str]) -> Callable[[Part], None]:
         return lambda part: part.count(_run_logged(part, argv, paths.REPO, tool_env))
@@ -271,7 +301,7 @@ def run_tests(bases: list[Base], jobs: int = 2) -> int:
     work.append(
         (
             Part("upstream checks (tethering, SPDX)"),
-            command([*tool, "upstream-checks", "--base", first.version]),
+            partial(upstream_checks_part, python=python, base=first),
         )
     )
     for base in bases:

@@ -17,12 +17,12 @@ and whether what is on disk is what was written.
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from .digests import file_sha256
 from .errors import PatchsetError
 
 MARKER = ".patchset-owned"
@@ -149,8 +149,7 @@ def _entries(tree: Path) -> Iterator[tuple[str, Path]]:
 def _fingerprint(path: Path) -> str:
     if path.is_symlink():
         return "link:" + os.readlink(path)
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+    return file_sha256(path)
 
 
 def write_manifest(tree: Path) -> None:

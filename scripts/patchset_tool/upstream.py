@@ -12,7 +12,6 @@ three-way merge, and `worktree` gives a tree to edit.
 """
 
 import contextlib
-import hashlib
 import html.parser
 import json
 import os
@@ -27,10 +26,10 @@ from pathlib import Path
 
 from . import gitutil, paths, trees
 from .bases import Base, release_order
+from .digests import file_sha256
 from .errors import PatchsetError
 
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
-IDENTITY = ["-c", "user.name=patchset", "-c", "user.email=patchset@localhost"]
 FIXED_DATE = "2000-01-01T00:00:00+00:00"
 
 
@@ -105,11 +104,6 @@ def _sdist_link(version: str) -> tuple[str, str]:
     )
 
 
-def _file_sha256(path: Path) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
 def sdist(version: str) -> Path:
     """VLLM's sdist for `version`, downloaded once and sha256-checked, and
     checked again against the recorded sha256 on every use: a damaged
@@ -118,7 +112,7 @@ def sdist(version: str) -> Path:
     recorded = archive.with_name(archive.name + ".sha256")
     if not archive.is_file():
         return _fetch_sdist(version, archive, recorded)
-    got = _file_sha256(archive)
+    got = file_sha256(archive)
     try:
         want = recorded.read_text().strip()
     except FileNotFoundError:
@@ -161,7 +155,7 @@ def _fetch_sdist(
             f"could not download vllm-{version}.tar.gz: {exc}; check the "
             "network and pip's index configuration, then run again"
         ) from exc
-    got = _file_sha256(partial)
+    got = file_sha256(partial)
     if got != want:
         partial.unlink()
         raise PatchsetError(
@@ -185,7 +179,13 @@ def _commit_release(repo: Path, version: str) -> None:
     gitutil.git("add", "--all", "--force", cwd=repo)
     env = dict(os.environ, GIT_AUTHOR_DATE=FIXED_DATE, GIT_COMMITTER_DATE=FIXED_DATE)
     gitutil.git(
-        *IDENTITY, "commit", "--quiet", "-m", f"vLLM {version} sdist", cwd=repo, env=env
+        *gitutil.IDENTITY,
+        "commit",
+        "--quiet",
+        "-m",
+        f"vLLM {version} sdist",
+        cwd=repo,
+        env=env,
     )
     gitutil.git("tag", f"v{version}", cwd=repo)
 

@@ -25,9 +25,11 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import TextIO
 
 from . import gitutil, paths, upstream
 from .bases import Base, load_bases
+from .series import Series
 
 TETHERING = "tools/pre_commit/check_test_tethering.py"
 SPDX = "tools/pre_commit/check_spdx_header.py"
@@ -122,9 +124,11 @@ def check_spdx(
     return done.returncode == 0, f"{output}\n{summary}".strip()
 
 
-def run_checks(base: Base, python: Path, repo: Path = paths.REPO) -> int:
+def run_checks(
+    base: Base, python: Path, repo: Path = paths.REPO, out: TextIO | None = None
+) -> int:
     """Both checks over this repository (every base's model tests); print
-    their output; 0 only if both pass."""
+    their output to `out` (default: stdout); 0 only if both pass."""
     roots = [
         b.overlay / "tests" for b in load_bases() if (b.overlay / "tests").is_dir()
     ]
@@ -135,7 +139,35 @@ def run_checks(base: Base, python: Path, repo: Path = paths.REPO) -> int:
         "check_spdx_header.py": check_spdx(base, python, repo, spdx_files(repo)),
     }
     for name, (ok, output) in results.items():
-        print(f"== upstream {name} (vLLM {base.version}): {'ok' if ok else 'FAILED'}")
+        state = "ok" if ok else "FAILED"
+        print(f"== upstream {name} (vLLM {base.version}): {state}", file=out)
         if output:
-            print(output)
+            print(output, file=out)
     return 0 if all(ok for ok, _ in results.values()) else 1
+
+
+def tether_new_tests(
+    series: Series, src: Path, python: Path, out: TextIO | None = None
+) -> int:
+    """Run the checkout `src`'s own test-tethering hook with `python` on
+    the test files `series` adds, when the checkout has one; say what it
+    found on `out` (default: stdout, as the hook's own output); its exit
+    status (0 when not run)."""
+    script = src / TETHERING
+    added = sorted(
+        p for p in series.created if p.startswith("tests/") and p.endswith(".py")
+    )
+    if not script.is_file() or not added:
+        print(f"{src} has no {TETHERING}; upstream tethering not run", file=out)
+        return 0
+    if out is not None:
+        out.flush()
+    rc = subprocess.run(
+        [str(python), str(script), *added], cwd=src, stdout=out, stderr=out
+    ).returncode
+    status = "passes" if rc == 0 else f"FAILS (exit {rc})"
+    print(
+        f"upstream check_test_tethering.py on {len(added)} new test files: {status}",
+        file=out,
+    )
+    return rc

@@ -20,12 +20,9 @@ written to a hidden file in dist/ and renamed into place at the end, so a
 failure leaves nothing there.
 """
 
-import argparse
-import base64
 import contextlib
 import csv
 import errno
-import hashlib
 import io
 import json
 import os
@@ -42,9 +39,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from . import apply, paths, trees
-from .bases import Base, get_base
+from .bases import Base
+from .digests import file_sha256, record_hash
 from .errors import PatchsetError
-from .series import Patch, load_series
+from .series import SERIES_FILE, Series
 from .zipcopy import ZipCopier
 
 WHEEL_TAGS = "cp38-abi3-manylinux_2_28_x86_64"
@@ -58,9 +56,6 @@ PIP_PLATFORM = [
     "--abi",
     "abi3",
 ]
-LOCAL_LABEL = "glm5next"
-SHORT_ID_LENGTH = 10
-SERIES_FILE = "vllm/glm5next_series.json"
 PARTIAL_SUFFIX = ".partial"
 NEW_FILE_MODE = (stat.S_IFREG | 0o644) << 16
 
@@ -115,12 +110,6 @@ def wheel_cache() -> Path:
     """Where checked upstream wheels are kept, each with a `.sha256` file
     holding the index's digest."""
     return paths.cache_root() / "wheels"
-
-
-def file_sha256(path: Path) -> str:
-    """The hex sha256 of a file, read in chunks."""
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def require_sha256(wheel: UpstreamWheel) -> None:
@@ -242,53 +231,7 @@ def _pip_download(version: str, sha256: str, folder: Path) -> None:
         os.replace(fetched, folder / name)
 
 
-# --- the series ----------------------------------------------------------
-
-
-def series_id(patches: list[Patch]) -> str:
-    """The hex sha256 over the series' patch files, in order, names included."""
-    digest = hashlib.sha256()
-    for patch in patches:
-        digest.update(patch.name.encode() + b"\0" + patch.path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def wheel_version(base: Base, patches: list[Patch]) -> str:
-    """The PEP 440 version `<base>+glm5next.<short series id>`, normalized."""
-    short = series_id(patches)[:SHORT_ID_LENGTH]
-    # An all-digit local segment compares as a number: normalizing drops
-    # its leading zeros, and the dist-info name must be the normal form.
-    label = str(int(short)) if short.isdigit() else short
-    return f"{base.version}+{LOCAL_LABEL}.{label}"
-
-
-def series_manifest(base: Base, patches: list[Patch]) -> bytes:
-    """The contents of `vllm/glm5next_series.json`."""
-    full = series_id(patches)
-    manifest = {
-        "series": LOCAL_LABEL,
-        "id": full,
-        "short_id": full[:SHORT_ID_LENGTH],
-        "version": wheel_version(base, patches),
-        "base": {"version": base.version, "commit": base.commit},
-        "patches": [
-            {
-                "name": p.name,
-                "subject": p.subject,
-                "sha256": hashlib.sha256(p.path.read_bytes()).hexdigest(),
-            }
-            for p in patches
-        ],
-    }
-    return (json.dumps(manifest, indent=1) + "\n").encode()
-
-
 # --- reading the upstream wheel ------------------------------------------
-
-
-def record_hash(sha256: bytes) -> str:
-    """RECORD's form of a sha256 digest: urlsafe base64 without padding."""
-    return "sha256=" + base64.urlsafe_b64encode(sha256).rstrip(b"=").decode()
 
 
 def _dist_info(source: zipfile.ZipFile, base: Base) -> str:
@@ -316,27 +259,28 @@ def _require_commit(source: zipfile.ZipFile, base: Base) -> None:
 
 
 def _pristine_files(
-    source: zipfile.ZipFile, record: dict[str, str], patches: list[Patch]
+    source: zipfile.ZipFile, record: dict[str, str], series: Series
 ) -> dict[str, bytes]:
     """The upstream bytes of every file the series modifies, each proven
     against the wheel's RECORD; raise naming every file that cannot be."""
     wanted, problems = {}, []
     names = set(source.namelist())
-    for path, existed in apply.touched_files(patches).items():
+    for path, existed in series.touched.items():
         if not path.startswith("vllm/"):
             if existed:
                 problems.append(f"{path}: modified by the series, not in the wheel")
             continue
         if not existed:
             if path in names:
-                creator = next(p.name for p in patches if p.file(path))
-                problems.append(f"{creator}: creates {path}, which the wheel has")
+                problems.append(
+                    f"{series.creator(path)}: creates {path}, which the wheel has"
+                )
             continue
         if path not in record:
             problems.append(f"{path}: not listed in the wheel's RECORD")
             continue
         data = source.read(path)
-        if record_hash(hashlib.sha256(data).digest()) != record[path]:
+        if record_hash(data) != record[path]:
             problems.append(f"{path}: differs from the sha256 in the wheel's RECORD")
         wanted[path] = data
     if problems:
@@ -347,22 +291,20 @@ def _pristine_files(
     return wanted
 
 
-def _patched_files(
-    source: zipfile.ZipFile, base: Base, patches: list[Patch]
-) -> dict[str, bytes]:
+def _patched_files(source: zipfile.ZipFile, series: Series) -> dict[str, bytes]:
     """The vllm/ files the series writes, path to bytes, after applying it
     to the checked upstream files and matching the result to the overlay."""
-    record = _wheel_record(source, _dist_info(source, base))
-    pristine = _pristine_files(source, record, patches)
+    record = _wheel_record(source, _dist_info(source, series.base))
+    pristine = _pristine_files(source, record, series)
     with tempfile.TemporaryDirectory(prefix="patchset-wheel-") as tmp:
         root = Path(tmp)
         for path, data in pristine.items():
             (root / path).parent.mkdir(parents=True, exist_ok=True)
             (root / path).write_bytes(data)
-        apply.apply_series_in(root, base)
+        apply.apply_series_in(root, series)
         return {
             path: (root / path).read_bytes()
-            for path in apply.touched_files(patches)
+            for path in series.touched
             if path.startswith("vllm/")
         }
 
@@ -401,7 +343,7 @@ class _WheelWriter:
 
     def write(self, info: zipfile.ZipInfo, data: bytes) -> None:
         self.out.add(info, data)
-        digest = record_hash(hashlib.sha256(data).digest())
+        digest = record_hash(data)
         self.record.append((info.filename, digest, str(len(data))))
 
     def copy(
@@ -412,7 +354,7 @@ class _WheelWriter:
         the index's sha256; a member upstream lists without one is hashed."""
         digest = self.upstream_record.get(info.filename)
         if digest is None:
-            digest = record_hash(hashlib.sha256(source.read(info)).digest())
+            digest = record_hash(source.read(info))
         self.out.copy(raw, info, name)
         self.record.append((name, digest, str(info.file_size)))
 
@@ -520,8 +462,8 @@ def remove_stale_partials(dist: Path) -> None:
         stale.unlink(missing_ok=True)
 
 
-def build_wheel(base: Base, upstream: UpstreamWheel, dist: Path) -> BuiltWheel:
-    """Write the wheel of vLLM `base` with its series into `dist` and
+def build_wheel(series: Series, upstream: UpstreamWheel, dist: Path) -> BuiltWheel:
+    """Write the wheel of vLLM with `series` into `dist` and
     return what was built.
 
     Raises PatchsetError, leaving nothing in `dist`, when the upstream
@@ -530,15 +472,15 @@ def build_wheel(base: Base, upstream: UpstreamWheel, dist: Path) -> BuiltWheel:
     does not apply or disagrees with the overlay, or when `dist` cannot
     take the wheel."""
     start = time.monotonic()
-    patches = load_series(base.patches)
-    if not patches:
+    base = series.base
+    if not series.patches:
         raise PatchsetError(f"{base.series_file}: the series is empty")
     require_sha256(upstream)
-    version = wheel_version(base, patches)
+    version = series.version
     with zipfile.ZipFile(upstream.path) as source, open(upstream.path, "rb") as raw:
         _require_commit(source, base)
-        replaced = _patched_files(source, base, patches)
-        replaced[SERIES_FILE] = series_manifest(base, patches)
+        replaced = _patched_files(source, series)
+        replaced[SERIES_FILE] = series.manifest()
         target = dist.resolve() / f"vllm-{version}-{WHEEL_TAGS}.whl"
         remove_stale_partials(target.parent)
         print(f"writing {target.name}", flush=True)
@@ -552,18 +494,7 @@ def build_wheel(base: Base, upstream: UpstreamWheel, dist: Path) -> BuiltWheel:
         target.stat().st_size,
         time.monotonic() - start,
         base,
-        len(patches),
+        len(series.patches),
         len(replaced) - 1,
-        series_id(patches)[:SHORT_ID_LENGTH],
+        series.short_id,
     )
-
-
-# --- command line ------------------------------------------------------------
-
-
-def cmd_build(args: argparse.Namespace) -> int:
-    base = get_base(args.base)
-    dist = args.dist or paths.REPO / "dist"
-    trees.refuse_install(dist, "--dist")
-    print(build_wheel(base, upstream_wheel(base.version), dist))
-    return 0

@@ -26,19 +26,18 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from . import apply, check, gitutil, paths, trees, upstream
+from . import gitutil, paths, trees, upstream
 from .bases import Base
-from .distinfo import record_digest
+from .digests import git_blob_id, record_digest
+from .distinfo import check_base, default_install
 from .errors import PatchsetError
-from .gitutil import git
-from .series import Patch, load_series
-from .wheel import series_id
+from .gitutil import IDENTITY, git
+from .series import Patch, Series
 
 BASE_TAG = "patchset-base"
 # In .git/ of a work tree the tool made: the id of the series its commits
 # were made from or last written to.
 SERIES_STAMP = "patchset-series"
-IDENTITY = ["-c", "user.name=patchset", "-c", "user.email=patchset@localhost"]
 
 
 def default_worktree(base: Base) -> Path:
@@ -63,12 +62,12 @@ def is_own_worktree(work: Path) -> bool:
     )
 
 
-def _stamp_series(work: Path, patches: list[Patch]) -> None:
-    """Record in `work`'s .git/ that its commits hold `patches`."""
-    (work / ".git" / SERIES_STAMP).write_text(series_id(patches) + "\n")
+def _stamp_series(work: Path, series: Series) -> None:
+    """Record in `work`'s .git/ that its commits hold `series`."""
+    (work / ".git" / SERIES_STAMP).write_text(series.id + "\n")
 
 
-def _refuse_stale(work: Path, patches: list[Patch], base: Base) -> None:
+def _refuse_stale(work: Path, series: Series) -> None:
     """Raise when `work` is a work tree this tool made from another state
     of the series: its commits would undo the patches' later changes. A
     checkout of the user's records nothing and is taken as it is."""
@@ -76,12 +75,12 @@ def _refuse_stale(work: Path, patches: list[Patch], base: Base) -> None:
     if not stamp.is_file() and not is_own_worktree(work):
         return
     recorded = stamp.read_text().strip() if stamp.is_file() else None
-    if recorded != series_id(patches):
+    if recorded != series.id:
         raise PatchsetError(
-            f"{work}: the series in {base.patches} changed after this work "
-            "tree was made or last refreshed, and its commits would undo "
+            f"{work}: the series in {series.base.patches} changed after this "
+            "work tree was made or last refreshed, and its commits would undo "
             f"that; carry any edits over by hand, remove it (`rm -rf {work}`) "
-            f"and run `scripts/patchset worktree --base {base.version}` "
+            f"and run `scripts/patchset worktree --base {series.base.version}` "
             "again (nothing was changed)"
         )
 
@@ -118,11 +117,12 @@ def _clone_release(dest: Path, base: Base) -> Path:
     return staging
 
 
-def _prove_source_is_the_wheel(work: Path, base: Base, patches: list[Patch]) -> None:
+def _prove_source_is_the_wheel(work: Path, series: Series) -> None:
     """The sdist's copies of the files the series touches must equal the
     installed wheel's (RECORD), so that patches made here apply there."""
-    install = apply.default_install(base)
-    base_files = apply.check_base(install, patches)
+    base = series.base
+    install = default_install(base)
+    base_files = check_base(install, series)
     drifted = [
         f for f in base_files if record_digest(work / f) != install.record.get(f)
     ]
@@ -139,9 +139,10 @@ def create(dest: Path, base: Base) -> tuple[int, bool]:
     and one commit per patch on top. A work tree the tool made there
     before is reused when its commits still hold the series. Return (the
     number of patches, whether it was reused)."""
-    patches = load_series(base.patches)
+    series = Series.load(base)
+    patches = series.patches
     if dest.is_dir() and is_own_worktree(dest):
-        _refuse_stale(dest, patches, base)
+        _refuse_stale(dest, series)
         try:
             series_commits(dest, patches)
         except PatchsetError:
@@ -156,9 +157,9 @@ def create(dest: Path, base: Base) -> tuple[int, bool]:
     with trees.locked(dest):
         staging = _clone_release(dest, base)
         try:
-            _prove_source_is_the_wheel(staging, base, patches)
+            _prove_source_is_the_wheel(staging, series)
             gitutil.am_series(staging, patches)
-            _stamp_series(staging, patches)
+            _stamp_series(staging, series)
             staging.rename(dest)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -171,7 +172,7 @@ def rebase(source: Base, onto: Base, dest: Path) -> list[str]:
     onto `onto`'s tag. Return the subjects now on the new base; on a
     conflict, leave the rebase stopped in `dest` and raise naming the
     patch, the files and their conflicting hunks."""
-    patches = load_series(source.patches)
+    patches = Series.load(source).patches
     if onto.series_file.exists():
         raise PatchsetError(
             f"{onto.series_file} exists: vLLM {onto.version} already has a "
@@ -334,11 +335,12 @@ def refresh(number: int, work: Path, base: Base) -> list[str]:
     return the names of the patch files that changed."""
     if not base.series_file.exists():
         return write_new_series(work, base)
-    patches = load_series(base.patches)
-    _refuse_stale(work, patches, base)
-    _refuse_unrefreshed_copies(work, patches, base)
+    series = Series.load(base)
+    patches = series.patches
+    _refuse_stale(work, series)
+    _refuse_unrefreshed_copies(work, series)
     if number == len(patches) + 1:
-        return [add_patch(work, patches, base)]
+        return [add_patch(work, series)]
     if not 1 <= number <= len(patches):
         raise PatchsetError(f"refresh: no patch {number} (series has {len(patches)})")
     commits = series_commits(work, patches)
@@ -358,19 +360,19 @@ def refresh(number: int, work: Path, base: Base) -> list[str]:
     return changed
 
 
-def _refuse_unrefreshed_copies(work: Path, patches: list[Patch], base: Base) -> None:
+def _refuse_unrefreshed_copies(work: Path, series: Series) -> None:
     """Refresh overwrites vllm_overlay/ and the model tests from the work
     tree; refuse while either holds edits that neither the series nor the
     work tree has."""
-    _, last = check.file_chain(patches)
+    _, last = series.blob_chain()
     edited = []
     for path, blob in last.items():
-        copy = base.copy_of(path)
+        copy = series.base.copy_of(path)
         if not copy.is_file():
             continue
         data = copy.read_bytes()
         in_work = (work / path).is_file() and (work / path).read_bytes() == data
-        if check.git_blob_id(data) != blob and not in_work:
+        if git_blob_id(data) != blob and not in_work:
             edited.append(copy)
     if edited:
         raise PatchsetError(
@@ -380,9 +382,10 @@ def _refuse_unrefreshed_copies(work: Path, patches: list[Patch], base: Base) -> 
         )
 
 
-def add_patch(work: Path, patches: list[Patch], base: Base) -> str:
-    """Turn the one commit after the series in `work` (with any uncommitted
+def add_patch(work: Path, series: Series) -> str:
+    """Turn the one commit after `series` in `work` (with any uncommitted
     edits folded in) into the next patch of the series."""
+    base, patches = series.base, series.patches
     series_commits(work, patches, new=1)
     if git("status", "--porcelain", cwd=work).stdout.strip():
         git("add", "--all", cwd=work)
@@ -400,8 +403,8 @@ def add_patch(work: Path, patches: list[Patch], base: Base) -> str:
         cwd=work,
     ).stdout.strip()
     name = Path(made).name
-    with open(base.series_file, "a") as series:
-        series.write(name + "\n")
+    with open(base.series_file, "a") as listing:
+        listing.write(name + "\n")
     _finish_refresh(work, base)
     return name
 
@@ -409,15 +412,15 @@ def add_patch(work: Path, patches: list[Patch], base: Base) -> str:
 def _finish_refresh(work: Path, base: Base) -> None:
     """After writing `base`'s series from `work`: update the overlay and
     record that `work` holds the series now."""
-    patches = load_series(base.patches)
-    _update_copies(work, patches, base)
+    series = Series.load(base)
+    _update_copies(work, series)
     if is_own_worktree(work):
-        _stamp_series(work, patches)
+        _stamp_series(work, series)
 
 
-def _update_copies(work: Path, patches: list[Patch], base: Base) -> None:
-    """Make `base`'s overlay equal the work tree's result."""
-    touched = apply.touched_files(patches)
+def _update_copies(work: Path, series: Series) -> None:
+    """Make the base's overlay equal the work tree's result of `series`."""
+    base, touched = series.base, series.touched
     for path in touched:
         source, target = work / path, base.copy_of(path)
         if source.is_file():

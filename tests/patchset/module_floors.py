@@ -3,8 +3,9 @@
 """The tool's modules by floor, read from their imports.
 
 A module on floor 0 imports no other module of `patchset_tool`; a module on
-floor N imports at least one on floor N-1 and none above. A subpackage's
-modules are named with it (`reports.cli`); `__init__` files are left out.
+floor N imports at least one on floor N-1 and none above. A subpackage
+(`commands`, `reports`) counts as one module: its files' imports together,
+its `__init__` included, imports among its own files left out.
 Every `import` statement counts, including those inside functions; a module
 loaded by name at run time (`importlib`) does not.
 
@@ -24,14 +25,15 @@ TOOL = Path(__file__).resolve().parents[2] / "scripts" / PACKAGE
 
 
 def module_name(path: Path, tool: Path = TOOL) -> str:
-    """The dotted name of the module at `path` inside the package, without
-    the package's own name (`runner`, `reports.cli`)."""
-    return ".".join(path.relative_to(tool).with_suffix("").parts)
+    """The name of the picture's module that the file at `path` belongs
+    to: its own stem at the top (`runner`), else its subpackage
+    (`reports/cli.py` is `reports`)."""
+    return path.relative_to(tool).with_suffix("").parts[0]
 
 
 def resolve(name: str, modules: set[str]) -> str | None:
     """The module of the package that dotted `name` (inside the package)
-    is or lies in: `reports.cli.main` is `reports.cli`."""
+    is or lies in: `reports.cli.main` is `reports`."""
     parts = name.split(".")
     while parts and ".".join(parts) not in modules:
         parts.pop()
@@ -39,9 +41,9 @@ def resolve(name: str, modules: set[str]) -> str | None:
 
 
 def imports_of(path: Path, modules: set[str], tool: Path = TOOL) -> set[str]:
-    """The modules of the package that the module at `path` imports."""
+    """The modules of the package that the file at `path` imports."""
     own = module_name(path, tool)
-    package = own.split(".")[:-1]  # the subpackage it lies in, if any
+    package = list(path.relative_to(tool).parts[:-1])  # its subpackage, if any
     found: set[str | None] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom):
@@ -68,14 +70,19 @@ def imports_of(path: Path, modules: set[str], tool: Path = TOOL) -> set[str]:
 
 
 def import_graph(tool: Path = TOOL) -> dict[str, set[str]]:
-    """Each module of the package and its subpackages (but the `__init__`
-    files) and the modules of the package it imports."""
-    files = {
-        module_name(p, tool): p
+    """Each module of the package (a subpackage being one) and the modules
+    of the package it imports."""
+    files = [
+        p
         for p in sorted(tool.rglob("*.py"))
-        if p.stem != "__init__" and "__pycache__" not in p.parts
-    }
-    return {name: imports_of(path, set(files), tool) for name, path in files.items()}
+        if p.parent != tool or p.stem != "__init__"
+        if "__pycache__" not in p.parts
+    ]
+    modules = {module_name(p, tool) for p in files}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for path in files:
+        graph[module_name(path, tool)] |= imports_of(path, modules, tool)
+    return graph
 
 
 def floors(graph: dict[str, set[str]]) -> dict[str, int]:
@@ -104,12 +111,13 @@ def render(graph: dict[str, set[str]]) -> str:
     its floor)."""
     floor = floors(graph)
     lines = []
+    width = len(str(max(floor.values())))
     for level in range(max(floor.values()), -1, -1):
         shown = []
         for name in sorted(n for n in graph if floor[n] == level):
             below = sorted(d for d in graph[name] if floor[d] == level - 1)
             shown.append(name + (f" ({' '.join(below)})" if below else ""))
-        head = f"{level}  "
+        head = f"{level:>{width}}  "
         wrapped = textwrap.wrap(", ".join(shown), 79 - len(head))
         lines.append(head + wrapped[0])
         lines += [" " * len(head) + more for more in wrapped[1:]]

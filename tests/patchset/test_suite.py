@@ -10,15 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from patchset_tool import bases, cli, paths, runner, testcmd
+from patchset_tool import bases, envmgr, gpu_stage, paths, runner, testcmd
 from patchset_tool.apply import STAMP
 from patchset_tool.junit import read_node_list
+from patchset_tool.series import Series
 
 
 @pytest.mark.parametrize("base", bases.load_bases(), ids=lambda b: b.version)
 def test_gpu_stages_the_suites_kernel_tests(base: bases.Base) -> None:
     """One copy for every base: the suite's kernel test, not a base's."""
-    staged = cli.gpu_test_files(base)
+    staged = gpu_stage.gpu_test_files(Series.load(base))
     assert paths.SUITE / "test_fp8_ds_mla_kernels.py" in staged
     assert len({test.name for test in staged}) == len(staged)
 
@@ -37,7 +38,7 @@ def test_suite_expected_skips_name_tests_of_the_suite() -> None:
 def test_suite_env_names_the_pristine_install_and_the_patched_tree(
     primary_base: bases.Base,
 ) -> None:
-    python = Path(cli.envmgr.env_python(primary_base) or "")
+    python = Path(envmgr.env_python(primary_base) or "")
     env = runner.suite_env(python, primary_base)
     pristine = Path(env[runner.SUITE_PRISTINE_VAR])
     patched = Path(env[runner.SUITE_PATCHED_VAR])
@@ -93,7 +94,7 @@ def test_suite_part_holds_the_suite_to_its_expected_skips(
     monkeypatch.setattr(paths, "SUITE_EXPECTED_SKIPS", skips)
     part = testcmd.Part("suite")
     part.log = tmp_path / "suite.log"
-    python = Path(cli.envmgr.env_python(primary_base) or "")
+    python = Path(envmgr.env_python(primary_base) or "")
     testcmd.verification_suite(part, python, primary_base)
     assert (part.passed, part.failed, part.skipped) == (1, 0, 2)
     unlisted = "tests/models/glm5next/test_probe.py::test_skips_for_no_listed_reason"

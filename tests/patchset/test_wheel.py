@@ -22,12 +22,13 @@ from pathlib import Path
 import pytest
 from projectkit import REPO
 
-from patchset_tool import apply, envmgr, sourcetree, wheel
+from patchset_tool import envmgr, wheel
 from patchset_tool.bases import Base, load_bases
-from patchset_tool.distinfo import find_vllm, record_digest
+from patchset_tool.digests import record_digest, record_hash
+from patchset_tool.distinfo import find_vllm
 from patchset_tool.installed import purelib
 from patchset_tool.runner import vllm_cache_root
-from patchset_tool.series import load_series
+from patchset_tool.series import SERIES_FILE, Series
 from patchset_tool.upstream import scratch_clone
 
 BASES = [b for b in load_bases() if b.series_file.is_file()]
@@ -137,8 +138,8 @@ def venv(base: Base, built: Path, tmp_path_factory) -> Iterator[Path]:
 def test_wheel_is_upstream_plus_the_series(
     base: Base, built: Path, upstream: wheel.UpstreamWheel
 ) -> None:
-    patches = load_series(base.patches)
-    version = wheel.wheel_version(base, patches)
+    series = Series.load(base)
+    version = series.version
     assert built.name == f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
     old, new = f"vllm-{base.version}.dist-info", f"vllm-{version}.dist-info"
     with zipfile.ZipFile(upstream.path) as up, zipfile.ZipFile(built) as out:
@@ -156,34 +157,30 @@ def test_wheel_is_upstream_plus_the_series(
         for name, (digest, size) in record.items():
             data = out.read(name)
             assert (record_hash(data), str(len(data))) == (digest, size), name
-        changed = set(apply.touched_files(patches))
+        changed = set(series.touched)
         upstream_record = zip_record(up, old)
         for name, row in record.items():
             if name in changed:
                 assert out.read(name) == base.copy_of(name).read_bytes(), name
-            elif name.startswith("vllm/") and name != wheel.SERIES_FILE:
+            elif name.startswith("vllm/") and name != SERIES_FILE:
                 # every other file, compiled extensions included, is upstream's
                 assert row == upstream_record[name], name
 
 
-def record_hash(data: bytes) -> str:
-    return wheel.record_hash(hashlib.sha256(data).digest())
-
-
 def test_series_file_names_the_series(base: Base, built: Path) -> None:
-    patches = load_series(base.patches)
+    series = Series.load(base)
     with zipfile.ZipFile(built) as out:
-        manifest = out.read(wheel.SERIES_FILE)
-    assert manifest == wheel.series_manifest(base, patches)
+        manifest = out.read(SERIES_FILE)
+    assert manifest == series.manifest()
     text = manifest.decode()
     assert f'"commit": "{base.commit}"' in text
-    assert all(p.subject in text and p.name in text for p in patches)
+    assert all(p.subject in text and p.name in text for p in series.patches)
 
 
 def test_verify_install_reports_the_series(base: Base, venv: Path) -> None:
     result = patchset("verify-install", str(venv))
     assert result.returncode == 0, result.stderr
-    version = wheel.wheel_version(base, load_series(base.patches))
+    version = Series.load(base).version
     short = version.rsplit(".", 1)[1]
     assert f"vllm: {version} (vllm-{version}.dist-info)" in result.stdout
     assert f"series: glm5next {short} on vLLM {base.version}" in result.stdout
@@ -201,7 +198,7 @@ def smoke_tests(base: Base) -> list[str]:
         if line.strip() and not line.startswith("#")
     ]
     chosen = []
-    for patch in load_series(base.patches):
+    for patch in Series.load(base).patches:
         files = [
             d.path
             for d in patch.files
@@ -219,7 +216,7 @@ def upstream_tests(base: Base, tmp_path: Path) -> Path:
     `import vllm` reaches the installed wheel."""
     clone = scratch_clone(tmp_path, base)
     shutil.rmtree(clone / "vllm")
-    for path in sourcetree.series_test_files(base):
+    for path in Series.load(base).test_files:
         shutil.copyfile(base.copy_of(path), clone / path)
     return clone / "tests"
 
@@ -245,7 +242,7 @@ def test_model_tests_pass_against_the_installed_wheel(
     )
     assert where.stdout.strip() == str(purelib(venv) / "vllm" / "__init__.py")
     nodes = [str(Path(node).relative_to("tests")) for node in smoke_tests(base)]
-    assert len(nodes) >= len(load_series(base.patches))
+    assert len(nodes) >= len(Series.load(base).patches)
     result = subprocess.run(
         [str(venv), "-m", "pytest", "-q", "-p", "no:cacheprovider", *nodes],
         cwd=upstream_tests,
@@ -258,7 +255,7 @@ def test_model_tests_pass_against_the_installed_wheel(
 
 
 def test_verify_install_names_a_drifted_file(base: Base, venv: Path) -> None:
-    touched = apply.touched_files(load_series(base.patches))
+    touched = Series.load(base).touched
     patched = next(p for p in touched if p.startswith("vllm/"))
     path = purelib(venv) / patched
     original = path.read_bytes()
@@ -283,7 +280,7 @@ def test_reinstalling_upstream_restores_the_pristine_files(
     site = purelib(venv)
     install = find_vllm(site)
     assert install.version == base.version
-    assert not (site / wheel.SERIES_FILE).exists()
+    assert not (site / SERIES_FILE).exists()
     with zipfile.ZipFile(upstream.path) as up:
         want = zip_record(up, f"vllm-{base.version}.dist-info")
     for name, (digest, _) in want.items():
@@ -340,7 +337,7 @@ def small_wheel(upstream: Path, base: Base, drift: str) -> bytes:
     """The upstream wheel cut down to what the build reads (the files the
     series touches, _version.py, the dist-info), with one byte of `drift`
     flipped while RECORD keeps the upstream sha256."""
-    keep = set(apply.touched_files(load_series(base.patches)))
+    keep = set(Series.load(base).touched)
     keep.add("vllm/_version.py")
     buffer = io.BytesIO()
     with zipfile.ZipFile(upstream) as up, zipfile.ZipFile(buffer, "w") as out:
@@ -356,8 +353,8 @@ def small_wheel(upstream: Path, base: Base, drift: str) -> bytes:
 def test_drifted_base_file_is_named(
     base: Base, upstream: wheel.UpstreamWheel, tmp_path: Path
 ) -> None:
-    patches = load_series(base.patches)
-    drift = next(p for p, existed in apply.touched_files(patches).items() if existed)
+    touched = Series.load(base).touched
+    drift = next(p for p, existed in touched.items() if existed)
     data = small_wheel(upstream.path, base, drift)
     cache = cache_with(tmp_path, base, data, hashlib.sha256(data).hexdigest())
     dist = tmp_path / "dist"

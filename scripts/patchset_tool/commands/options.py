@@ -1,0 +1,67 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Options and look-ups that several commands share."""
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeAlias
+
+from .. import envmgr
+from ..bases import Base, get_base
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+"""What each command's `register` adds its parser to."""
+
+
+def base_option(parser: argparse.ArgumentParser) -> None:
+    """`--base VERSION`: which declared base the command works on."""
+    parser.add_argument(
+        "--base",
+        metavar="VERSION",
+        help="the vLLM release (see bases.toml; default: the primary base)",
+    )
+
+
+def flag(parser: argparse.ArgumentParser, name: str, help: str) -> None:
+    """An on/off option `name` (off unless given)."""
+    parser.add_argument(name, action="store_true", help=help)
+
+
+def path_option(
+    parser: argparse.ArgumentParser,
+    name: str,
+    help: str,
+    metavar: str = "DIR",
+    required: bool = False,
+) -> None:
+    """An option `name` that names a path (`--vllm-src`, `--dest`, ...)."""
+    parser.add_argument(name, type=Path, metavar=metavar, required=required, help=help)
+
+
+def command_parser(
+    subparsers: Subparsers,
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    base: bool = True,
+    **kwargs: Any,
+) -> argparse.ArgumentParser:
+    """The parser of command `name` (`kwargs`: its help and description),
+    with `run` as its handler and, unless `base` is False, `--base` as
+    its first option."""
+    parser = subparsers.add_parser(name, **kwargs)
+    if base:
+        base_option(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def chosen_base(args: argparse.Namespace) -> Base:
+    """The base named by --base, or the primary one."""
+    return get_base(args.base)
+
+
+def managed_python(base: Base) -> Path:
+    """`base`'s managed python, setting its environment up first if
+    there is none yet."""
+    return envmgr.env_python(base, require=False) or envmgr.setup(base)
