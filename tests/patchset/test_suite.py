@@ -108,7 +108,7 @@ def test_reports_take_their_helpers_from_the_suite(
     helpers, imported by name where `runner.run(..., suite=True)` runs them,
     not with private names of a series' test files (which a series may
     drop)."""
-    python = Path(cli.envmgr.env_python(primary_base) or "")
+    python = Path(envmgr.env_python(primary_base) or "")
     env = runner.tree_env(python, primary_base, pristine=True, suite=True)
     assert str(paths.SUITE) in env["PYTHONPATH"].split(os.pathsep)
     assert str(paths.SUITE) not in runner.tree_env(python, primary_base, True)[

@@ -8,19 +8,9 @@ from pathlib import Path
 
 from .. import apply, envmgr, upstream_checks
 from ..series import Series
-from .options import (
-    Subparsers,
-    chosen_base,
-    command_parser,
-    flag,
-    managed_python,
-    path_option,
-)
+from .options import Subparsers, chosen_base, command_parser, flag, path_option
 
-HELP = (
-    "apply a base's series (default: to a copy "
-    "of the installed package under build/<version>/)"
-)
+HELP = "apply a base's series (default: to a copy of the install, build/<version>/)"
 
 
 def register(subparsers: Subparsers) -> None:
@@ -29,9 +19,7 @@ def register(subparsers: Subparsers) -> None:
     flag(parser, "--force", "rebuild the patched tree even if it is up to date")
     path_option(parser, "--vllm-src", "git am -3 onto this vLLM checkout instead")
     path_option(
-        parser,
-        "--dest",
-        "where to write the patched tree (default: build/<version>/vllm-patched)",
+        parser, "--dest", "the patched tree (default: build/<version>/vllm-patched)"
     )
 
 
@@ -39,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     base = chosen_base(args)
     if args.vllm_src:
         return to_checkout(Series.load(base), args.vllm_src, args.check)
-    managed_python(base)
+    envmgr.setup(base)
     dest = None if args.check else (args.dest or base.patched_tree())
     print(apply.apply_to_package(base, dest, force=args.force))
     if args.check:

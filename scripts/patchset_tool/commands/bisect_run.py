@@ -8,10 +8,7 @@ from .. import bisect
 from ..series import Series
 from .options import Subparsers, chosen_base, command_parser, path_option
 
-HELP = (
-    "for `git bisect run`: 125 when the "
-    "series does not apply, else the glm5next tests' verdict"
-)
+HELP = "for `git bisect run`: 125 if the series does not apply, else the tests' verdict"
 
 
 def register(subparsers: Subparsers) -> None:

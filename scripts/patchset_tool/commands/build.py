@@ -13,13 +13,13 @@ HELP = "a pip-installable vLLM wheel with the base's series, in dist/"
 
 def register(subparsers: Subparsers) -> None:
     parser = command_parser(subparsers, "build", run, help=HELP)
+    parser.set_defaults(dist=paths.REPO / "dist")
     path_option(parser, "--dist", "default: dist/")
 
 
 def run(args: argparse.Namespace) -> int:
     base = chosen_base(args)
-    dist = args.dist or paths.REPO / "dist"
-    trees.refuse_install(dist, "--dist")
+    trees.refuse_install(args.dist, "--dist")
     upstream = wheel.upstream_wheel(base.version)
-    print(wheel.build_wheel(Series.load(base), upstream, dist))
+    print(wheel.build_wheel(Series.load(base), upstream, args.dist))
     return 0

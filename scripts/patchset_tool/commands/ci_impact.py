@@ -7,10 +7,7 @@ import argparse
 from .. import ci_impact
 from .options import Subparsers, chosen_base, command_parser
 
-HELP = (
-    "which of the base's Buildkite steps a PR with the series "
-    "triggers, and which of their tests `test` runs here"
-)
+HELP = "which Buildkite steps a PR with the series triggers, and what `test` runs here"
 
 
 def register(subparsers: Subparsers) -> None:

@@ -8,10 +8,7 @@ from .. import export, paths
 from ..series import Series
 from .options import Subparsers, chosen_base, command_parser, path_option
 
-HELP = (
-    "a branch with one commit per patch, authored and signed off by "
-    "you, and the pull-request description"
-)
+HELP = "a branch with one commit per patch, signed off by you, and the PR description"
 
 
 def register(subparsers: Subparsers) -> None:

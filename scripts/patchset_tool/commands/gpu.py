@@ -5,20 +5,11 @@ collect a device run's results."""
 
 import argparse
 
-from .. import gpu, gpu_stage, runner
+from .. import envmgr, gpu, gpu_stage, runner
 from ..series import Series
-from .options import (
-    Subparsers,
-    chosen_base,
-    command_parser,
-    managed_python,
-    path_option,
-)
+from .options import Subparsers, chosen_base, command_parser, path_option
 
-HELP = (
-    "stage the SM90 tests (and --bench, the decode benchmark) with "
-    "the base's kernels for an H200 machine; --collect its results"
-)
+HELP = "stage the SM90 tests (--bench: a benchmark) for an H200; --collect its results"
 
 
 def register(subparsers: Subparsers) -> None:
@@ -36,9 +27,7 @@ def register(subparsers: Subparsers) -> None:
         ),
     )
     path_option(
-        parser,
-        "--collect",
-        "copy a device run's $OUT files into build/gpu/results-<version>",
+        parser, "--collect", "copy a device run's $OUT into build/gpu/results-<V>"
     )
 
 
@@ -47,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if args.collect:
         print(gpu.collect(args.collect, gpu_stage.results_dir(base)))
         return 0
-    managed_python(base)
+    envmgr.setup(base)
     runner.ensure_patched_tree(base)
     if args.bench == "quant":
         print(gpu_stage.stage_quant_bench(base))

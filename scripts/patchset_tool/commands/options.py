@@ -7,7 +7,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from .. import envmgr
 from ..bases import Base, get_base
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -59,9 +58,3 @@ def command_parser(
 def chosen_base(args: argparse.Namespace) -> Base:
     """The base named by --base, or the primary one."""
     return get_base(args.base)
-
-
-def managed_python(base: Base) -> Path:
-    """`base`'s managed python, setting its environment up first if
-    there is none yet."""
-    return envmgr.env_python(base, require=False) or envmgr.setup(base)

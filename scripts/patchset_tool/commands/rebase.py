@@ -8,10 +8,7 @@ from .. import worktree
 from ..bases import get_base, previous_release
 from .options import Subparsers, command_parser, path_option
 
-HELP = (
-    "port a series to another release: three-way merge each patch "
-    "onto its tag in a new work tree"
-)
+HELP = "port a series to another release: three-way merge each patch onto its tag"
 
 
 def register(subparsers: Subparsers) -> None:

@@ -14,9 +14,7 @@ DESCRIPTION = (
     "after the series into a new patch. For a base with no series yet "
     "(after `rebase --onto`), write its series from the work tree."
 )
-HELP = (
-    "regenerate patch N (and later ones) from the edited work tree; the overlay follows"
-)
+HELP = "regenerate patch N (and later ones) from the work tree; the overlay follows"
 
 
 def register(subparsers: Subparsers) -> None:

@@ -10,8 +10,8 @@ import argparse
 import importlib
 import os
 
-from .. import runner
-from .options import Subparsers, chosen_base, command_parser, flag, managed_python
+from .. import envmgr, runner
+from .options import Subparsers, chosen_base, command_parser, flag
 
 REPORTS = {
     "coverage": "which layers online quantization reaches",
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         reports = importlib.import_module("patchset_tool.reports.cli")
         reports.parse_report_args([args.report, "--help"])
     base = chosen_base(args)
-    managed_python(base)
+    envmgr.setup(base)
     # vLLM logs to stdout by default; keep stdout for the report alone,
     # so that `--json` output parses.
     os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"

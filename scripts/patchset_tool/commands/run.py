@@ -8,10 +8,7 @@ from .. import runner
 from ..errors import PatchsetError
 from .options import Subparsers, chosen_base, command_parser, flag
 
-HELP = (
-    "run a command against the patched tree "
-    "(or --pristine: the unpatched install) on the CPU platform"
-)
+HELP = "run a command against the patched tree (--pristine: the unpatched install)"
 
 
 def register(subparsers: Subparsers) -> None:

@@ -9,10 +9,7 @@ from .. import testcmd
 from ..bases import load_bases
 from .options import Subparsers, chosen_base, command_parser
 
-HELP = (
-    "the whole test command: check, tool tests, and per base the "
-    "model tests on pristine and patched, lint and upstream's gates"
-)
+HELP = "the whole test command: check, tool tests, model tests, lint, upstream gates"
 
 
 def register(subparsers: Subparsers) -> None:

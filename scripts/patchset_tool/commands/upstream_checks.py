@@ -4,13 +4,10 @@
 
 import argparse
 
-from .. import upstream_checks
-from .options import Subparsers, chosen_base, command_parser, managed_python
+from .. import envmgr, upstream_checks
+from .options import Subparsers, chosen_base, command_parser
 
-HELP = (
-    "upstream's own check_test_tethering.py and check_spdx_header.py "
-    "(from the base's release source) over this repository"
-)
+HELP = "upstream's check_test_tethering.py and check_spdx_header.py on this repo"
 
 
 def register(subparsers: Subparsers) -> None:
@@ -19,4 +16,4 @@ def register(subparsers: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     base = chosen_base(args)
-    return upstream_checks.run_checks(base, managed_python(base))
+    return upstream_checks.run_checks(base, envmgr.setup(base))

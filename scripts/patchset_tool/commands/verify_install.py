@@ -8,10 +8,7 @@ from pathlib import Path
 from .. import installed
 from .options import Subparsers, command_parser
 
-HELP = (
-    "which vLLM and series an environment holds, and whether its "
-    "files still match RECORD (exit 1 on drift)"
-)
+HELP = "which vLLM and series an environment holds; exit 1 if a file left RECORD"
 
 
 def register(subparsers: Subparsers) -> None:

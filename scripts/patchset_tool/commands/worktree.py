@@ -7,10 +7,7 @@ import argparse
 from .. import worktree
 from .options import Subparsers, chosen_base, command_parser, path_option
 
-HELP = (
-    "make a git work tree (pristine "
-    "release source + one commit per patch) to edit the series in"
-)
+HELP = "make a git work tree (release source + a commit per patch) to edit the series"
 
 
 def register(subparsers: Subparsers) -> None:
