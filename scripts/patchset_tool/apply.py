@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import gitutil, paths, trees
+from . import gitutil, paths, trees, upstream
 from .bases import Base
 from .distinfo import InstalledVllm, check_base, default_install
 from .errors import PatchsetError
@@ -227,7 +227,17 @@ def _build(install: InstalledVllm, series: Series, staging: Path) -> None:
     """The patched package in `staging`, proven equal to the overlay."""
     os.chmod(staging, 0o777 & ~trees.umask())  # mkdtemp made it 0700
     _copy_package(install, staging)
+    write_source_files(staging, series)
     apply_series_in(staging, series)
+
+
+def write_source_files(root: Path, series: Series) -> None:
+    """Put under `root` the release's copy of each base file the series
+    changes that the wheel does not ship (upstream's tests, docs)."""
+    files = upstream.release_files(series.base.version, series.source_files)
+    for path, data in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(data)
 
 
 def _swap_into_place(staging: Path, dest: Path) -> None:

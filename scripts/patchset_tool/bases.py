@@ -61,6 +61,14 @@ class Base:
     def expected_skips(self) -> Path:
         return self.patches / "expected-skips.txt"
 
+    @property
+    def expected_sm90_failures(self) -> Path:
+        return self.patches / "expected-sm90-failures.txt"
+
+    @property
+    def expected_sm90_skips(self) -> Path:
+        return self.patches / "expected-sm90-skips.txt"
+
     def copy_of(self, path: str) -> Path:
         """This project's copy of `path` (a path in vLLM's source tree)."""
         return self.overlay / path

@@ -112,10 +112,7 @@ def check_base(install: InstalledVllm, series: Series) -> list[str]:
         if existed and in_wheel:
             existing.append(path)
         elif existed:
-            problems.append(
-                f"{path}: modified by the series but not shipped "
-                "in the wheel; use --vllm-src"
-            )
+            continue  # not in the wheel: taken from the release's sdist
         elif in_wheel and (install.site / path).exists():
             problems.append(
                 f"{series.creator(path)}: creates {path}, which already exists "

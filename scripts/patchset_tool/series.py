@@ -96,6 +96,14 @@ class Series:
         return frozenset(d.path for p in self.patches for d in p.files if d.is_new)
 
     @cached_property
+    def source_files(self) -> list[str]:
+        """The base files the series changes that vLLM's wheel does not ship
+        (upstream's tests, docs): they come from the release's sdist."""
+        return [
+            p for p, existed in self.touched.items() if existed and not p.startswith("vllm/")
+        ]
+
+    @cached_property
     def test_files(self) -> list[str]:
         """The model test files the series adds, as paths in vLLM's tree."""
         return sorted(p for p in self.created if p.startswith(f"{paths.MODEL_TESTS}/"))

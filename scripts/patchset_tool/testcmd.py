@@ -77,6 +77,10 @@ class Part:
             self.passed += 1
 
 
+SM90_GPU_ONLY_VAR = "GLM5NEXT_SM90_GPU_ONLY"
+"""Where `glm5next_sm90_host` reads the tests it skips (see that plugin)."""
+
+
 def log_path(name: str) -> Path:
     """build/test-logs/<name as a file name>.log"""
     slug = re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-")
@@ -147,10 +151,48 @@ def model_tests(part: Part, python: Path, base: Base, patched: bool) -> None:
     with sourcetree.checkout_for_tests(base, patched) as checkout:
         env = sourcetree.checkout_env(python, base, checkout, tree)
         outcomes = _pytest(part, [*command, "models/glm5next"], checkout / "tests", env)
+    skips = read_node_list(base.expected_skips)
     failures = read_node_list(base.expected_cpu_failures)
     if not patched:
-        failures |= read_node_list(base.expected_base_failures)
-    _expect(part, outcomes, failures, read_node_list(base.expected_skips))
+        failures |= read_node_list(base.expected_base_failures) - skips
+    _expect(part, outcomes, failures, skips)
+
+
+def upstream_tests_touched(series: Series) -> list[str]:
+    """The upstream test files outside tests/models/glm5next that `series`
+    changes, as paths under tests/."""
+    model_tests = f"{paths.MODEL_TESTS.as_posix()}/"
+    return [
+        path.removeprefix("tests/")
+        for path, existed in series.touched.items()
+        if existed
+        and path.startswith("tests/")
+        and not path.startswith(model_tests)
+        and Path(path).name.startswith("test_")
+    ]
+
+
+def model_tests_on_sm90(part: Part, python: Path, base: Base, patched: bool) -> None:
+    """The model tests and upstream's test files the series changes, from
+    tests/ as upstream CI runs them, with vLLM's platform answering as an
+    SM90 GPU for the whole session (`glm5next_sm90_host`): the tests in
+    `expected-sm90-skips.txt` (which need a real GPU) skip, exactly those in
+    `expected-sm90-failures.txt` fail in both trees, and on the pristine
+    tree those of `expected-base-failures.txt` that run here fail too."""
+    command = [str(python), "-m", "pytest", "-v", "-s", "-p", "no:cacheprovider"]
+    command += ["-p", "glm5next_sm90_host"]
+    files = ["models/glm5next", *upstream_tests_touched(Series.load(base))]
+    tree = "checkout-patched" if patched else "checkout-pristine"
+    skips = read_node_list(base.expected_sm90_skips)
+    with sourcetree.checkout_for_tests(base, patched) as checkout:
+        env = sourcetree.checkout_env(python, base, checkout, tree)
+        env["PYTHONPATH"] += os.pathsep + str(paths.SUITE)
+        env[SM90_GPU_ONLY_VAR] = str(base.expected_sm90_skips)
+        outcomes = _pytest(part, [*command, *files], checkout / "tests", env)
+    failures = read_node_list(base.expected_sm90_failures)
+    if not patched:
+        failures |= read_node_list(base.expected_base_failures) - skips
+    _expect(part, outcomes, failures, skips)
 
 
 def verification_suite(part: Part, python: Path, base: Base) -> None:
@@ -265,20 +307,22 @@ def run_tests(bases: list[Base], jobs: int = 2) -> int:
             lambda part: tool_tests(part, python, tool_env, workers=jobs),
         )
     ]
+    hosts = {"CPU host": model_tests, "emulated SM90 host": model_tests_on_sm90}
     for base in bases:
-        for patched in (True, False):
-            tree = "patched" if patched else "pristine"
-            work.append(
-                (
-                    Part(f"{base.version}: model tests, {tree} source"),
-                    partial(
-                        model_tests,
-                        python=pythons[base.version],
-                        base=base,
-                        patched=patched,
-                    ),
+        for host, run_part in hosts.items():
+            for patched in (True, False):
+                tree = "patched" if patched else "pristine"
+                work.append(
+                    (
+                        Part(f"{base.version}: model tests, {tree} source, {host}"),
+                        partial(
+                            run_part,
+                            python=pythons[base.version],
+                            base=base,
+                            patched=patched,
+                        ),
+                    )
                 )
-            )
     for base in bases:
         work.append(
             (

@@ -132,6 +132,29 @@ def sdist(version: str) -> Path:
     return _fetch_sdist(version, archive, recorded, damaged=True)
 
 
+def release_files(version: str, names: list[str]) -> dict[str, bytes]:
+    """The bytes of `names` (paths in vLLM's source tree) as the release's
+    sha256-checked sdist holds them: the series' base files that the wheel
+    does not ship (upstream's tests, docs)."""
+    if not names:
+        return {}
+    found: dict[str, bytes] = {}
+    with tarfile.open(sdist(version)) as tar:
+        for member in tar:
+            name = member.name.split("/", 1)[-1]
+            if name in names and member.isfile():
+                data = tar.extractfile(member)
+                assert data is not None
+                found[name] = data.read()
+    missing = sorted(set(names) - set(found))
+    if missing:
+        raise PatchsetError(
+            f"the series changes {', '.join(missing)}, which vLLM {version}'s "
+            "sdist does not hold"
+        )
+    return found
+
+
 def _fetch_sdist(
     version: str, archive: Path, recorded: Path, damaged: bool = False
 ) -> Path:

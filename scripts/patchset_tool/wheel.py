@@ -267,9 +267,7 @@ def _pristine_files(
     names = set(source.namelist())
     for path, existed in series.touched.items():
         if not path.startswith("vllm/"):
-            if existed:
-                problems.append(f"{path}: modified by the series, not in the wheel")
-            continue
+            continue  # not in the wheel; `apply.write_source_files` brings it
         if not existed:
             if path in names:
                 problems.append(
@@ -301,6 +299,7 @@ def _patched_files(source: zipfile.ZipFile, series: Series) -> dict[str, bytes]:
         for path, data in pristine.items():
             (root / path).parent.mkdir(parents=True, exist_ok=True)
             (root / path).write_bytes(data)
+        apply.write_source_files(root, series)
         apply.apply_series_in(root, series)
         return {
             path: (root / path).read_bytes()
