@@ -237,12 +237,11 @@ class CacheConfig:
     An explicit float16 or bfloat16 must match the model data type.
     Custom dtypes can registered by platform backends via
     ``register_kv_cache_dtype`` are accepted (see vllm.config.cache).
-    CUDA 11.8+ supports fp8 (=fp8_e4m3) and fp8_e5m2. ROCm (AMD GPU) supports
-    fp8 (=fp8_e4m3). Intel Gaudi (HPU) supports fp8 (using fp8_inc).
-    For sparse MLA models on Hopper (DeepSeek-V3.2, GLM-5.3-Flash), fp8 selects
-    FlashMLA's fp8_ds_mla rows (a scale per 128 values, 656 B per token) where
-    every chosen MLA backend can store them, while fp8_e4m3 keeps per-tensor
-    E4M3 rows (512 B per token for GLM-5.3-Flash, on FlashInfer).
+    CUDA 11.8+ supports fp8 (=fp8_e4m3) and fp8_e5m2; on Hopper, sparse MLA
+    models store fp8 as fp8_ds_mla (FlashMLA's rows, a scale per 128 values),
+    and NoPE ones (GLM-5.3-Flash) keep per-tensor rows with fp8_e4m3. ROCm
+    (AMD GPU) supports fp8 (=fp8_e4m3). Intel Gaudi (HPU) supports fp8 (using
+    fp8_inc).
     Some models (namely DeepSeekV3.2) default to fp8, set to bfloat16 to use
     bfloat16 instead, this is an invalid option for models that do not default
     to fp8.

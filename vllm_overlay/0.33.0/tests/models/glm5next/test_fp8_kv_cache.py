@@ -1,97 +1,261 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""`--kv-cache-dtype fp8` for GLM-5.3-Flash on Hopper: which cache rows
-`Glm5NextModelConfig` asks for (CPU; the device is mocked as SM90)."""
+"""`--kv-cache-dtype fp8` for GLM-5.3-Flash on Hopper: attention selection
+gives its MLA layers FlashMLA's fp8_ds_mla rows, as DeepSeek-V3.2's. The
+device is the only stub: vLLM's CUDA platform answers as an SM90 GPU."""
 
-from collections.abc import Callable
+import json
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
+from vllm.config import set_current_vllm_config
+from vllm.model_executor.layers.attention.mla_attention import (
+    _canonicalize_sparse_mla_kv_cache_dtype,
+)
 from vllm.model_executor.models.config import Glm5NextModelConfig
 from vllm.platforms import current_platform
+from vllm.platforms.interface import DeviceCapability
+from vllm.v1.attention.backends.mla.flashmla_sparse import FlashMLASparseBackend
+from vllm.v1.attention.selector import _cached_get_attn_backend, get_attn_backend
 
+pytestmark = pytest.mark.skip_global_cleanup
+
+FLASHINFER = "FLASHINFER_MLA_SPARSE_SM90"
+FLASHMLA = "FLASHMLA_SPARSE"
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
-FLASHINFER_MTP = MTP | {"attention_backend": "FLASHINFER_MLA_SPARSE_SM90"}
+DS_MLA = f"{FLASHMLA}/fp8_ds_mla"
+
+
+@contextmanager
+def _on_hopper(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """vLLM's CUDA platform on an SM90 GPU (it needs the CUDA driver)."""
+    import vllm.platforms
+
+    cuda = pytest.importorskip("vllm.platforms.cuda", reason="needs libcuda")
+
+    class Sm90CudaPlatform(cuda.CudaPlatform):
+        @classmethod
+        def get_device_capability(cls, device_id: int = 0) -> DeviceCapability:
+            return DeviceCapability(9, 0)
+
+    with monkeypatch.context() as m:
+        m.setattr(vllm.platforms, "_current_platform", Sm90CudaPlatform())
+        _cached_get_attn_backend.cache_clear()
+        try:
+            yield
+        finally:
+            _cached_get_attn_backend.cache_clear()
+
+
+def _mla_selection(vllm_config, model_config) -> str:
+    """`BACKEND/cache dtype` of a sparse MLA layer of `model_config`, its
+    canonical dtype written back into the cache config as `MLAAttention`
+    writes it."""
+    text_config = model_config.hf_text_config
+    cache_config = vllm_config.cache_config
+    with set_current_vllm_config(vllm_config):
+        backend = get_attn_backend(
+            text_config.kv_lora_rank + text_config.qk_rope_head_dim,
+            model_config.dtype,
+            cache_config.cache_dtype,
+            use_mla=True,
+            use_sparse=True,
+            num_heads=text_config.num_attention_heads,
+        )
+    cache_config.cache_dtype = _canonicalize_sparse_mla_kv_cache_dtype(
+        backend, cache_config.cache_dtype
+    )
+    return f"{backend.get_name()}/{cache_config.cache_dtype}"
 
 
 @pytest.fixture
-def cache_dtypes_on_sm90(
+def engine_on_hopper(
     make_vllm_config, monkeypatch: pytest.MonkeyPatch
 ) -> Callable[..., tuple[str, str | None]]:
-    """Builds a config on this host, then runs the model's config hook as on
-    an SM90 GPU; returns the target's and the drafter's cache dtype."""
+    """Serves GLM-5.3-Flash with the given engine arguments on an SM90 GPU;
+    returns the target's and the MTP drafter's MLA selection, built in that
+    order from the configs vLLM builds them with."""
 
     def run(**engine_args) -> tuple[str, str | None]:
         vllm_config = make_vllm_config(**engine_args)
-        with monkeypatch.context() as m:
-            m.setattr(current_platform, "is_cuda", lambda: True)
-            m.setattr(
-                current_platform, "is_device_capability_family", lambda f: f == 90
-            )
+        with _on_hopper(monkeypatch):
+            # create_engine_config runs it; on a CPU host, off Hopper.
             Glm5NextModelConfig.verify_and_update_config(vllm_config)
-        spec_config = vllm_config.speculative_config
-        return (
-            vllm_config.cache_config.cache_dtype,
-            spec_config.kv_cache_dtype if spec_config else None,
-        )
+            target = _mla_selection(vllm_config, vllm_config.model_config)
+            spec_config = vllm_config.speculative_config
+            if spec_config is None:
+                return target, None
+            drafter = _mla_selection(
+                spec_config.apply_draft_overrides(vllm_config),
+                spec_config.draft_model_config,
+            )
+        return target, drafter
 
     return run
 
 
-def test_fp8_selects_fp8_ds_mla_rows(cache_dtypes_on_sm90) -> None:
-    assert cache_dtypes_on_sm90(kv_cache_dtype="fp8")[0] == "fp8_ds_mla"
+def test_fp8_selects_fp8_ds_mla_rows(engine_on_hopper) -> None:
+    assert engine_on_hopper(kv_cache_dtype="fp8") == (DS_MLA, None)
 
 
-def test_mtp_drafter_shares_fp8_ds_mla_rows(cache_dtypes_on_sm90) -> None:
-    dtypes = cache_dtypes_on_sm90(kv_cache_dtype="fp8", speculative_config=MTP)
-    assert dtypes == ("fp8_ds_mla", None)
+def test_mtp_drafter_shares_fp8_ds_mla_rows(engine_on_hopper) -> None:
+    dtypes = engine_on_hopper(kv_cache_dtype="fp8", speculative_config=MTP)
+    assert dtypes == (DS_MLA, DS_MLA)
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3", "fp8_ds_mla"])
-def test_other_cache_dtypes_are_kept(cache_dtypes_on_sm90, kv_cache_dtype) -> None:
-    assert cache_dtypes_on_sm90(kv_cache_dtype=kv_cache_dtype)[0] == kv_cache_dtype
-
-
-def test_drafter_pinned_to_flashinfer_keeps_per_tensor_fp8(
-    cache_dtypes_on_sm90,
+@pytest.mark.parametrize(
+    ("kv_cache_dtype", "selection"),
+    [
+        ("auto", f"{FLASHINFER}/auto"),
+        ("fp8_e4m3", f"{FLASHINFER}/fp8_e4m3"),
+        ("fp8_ds_mla", DS_MLA),
+    ],
+    ids=["auto-bf16", "fp8_e4m3-per-tensor", "fp8_ds_mla"],
+)
+def test_other_cache_dtypes_keep_their_rows(
+    engine_on_hopper, kv_cache_dtype: str, selection: str
 ) -> None:
-    dtypes = cache_dtypes_on_sm90(
-        kv_cache_dtype="fp8", speculative_config=FLASHINFER_MTP
-    )
-    assert dtypes[0] == "fp8"
+    assert engine_on_hopper(kv_cache_dtype=kv_cache_dtype) == (selection, None)
 
 
-def test_target_on_flashmla_with_flashinfer_drafter_is_an_error(
-    cache_dtypes_on_sm90,
+@pytest.mark.parametrize(
+    ("backend", "selection"),
+    [(FLASHMLA, DS_MLA), (FLASHINFER, f"{FLASHINFER}/fp8")],
+    ids=["flashmla_sparse", "flashinfer"],
+)
+def test_explicit_backend_decides_the_rows(
+    engine_on_hopper, backend: str, selection: str
 ) -> None:
-    with pytest.raises(ValueError, match="Choose FLASHMLA_SPARSE for both"):
-        cache_dtypes_on_sm90(
-            kv_cache_dtype="fp8",
-            attention_backend="FLASHMLA_SPARSE",
-            speculative_config=FLASHINFER_MTP,
-        )
+    dtypes = engine_on_hopper(kv_cache_dtype="fp8", attention_backend=backend)
+    assert dtypes == (selection, None)
 
 
-def test_mtp_drafter_asking_for_fp8_e4m3_keeps_per_tensor_fp8(
-    cache_dtypes_on_sm90,
+@pytest.fixture
+def config_on_hopper(
+    make_vllm_config, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., Any]:
+    """GLM-5.3-Flash's `VllmConfig` as `create_engine_config` leaves it on an
+    SM90 GPU (the model's config hook sees the device's family)."""
+
+    def make(**engine_args) -> Any:
+        with monkeypatch.context() as m:
+            m.setattr(
+                current_platform,
+                "is_device_capability_family",
+                lambda family, device_id=0: family == 90,
+            )
+            return make_vllm_config(**engine_args)
+
+    return make
+
+
+@pytest.mark.parametrize(
+    "engine_args",
+    [
+        {"speculative_config": MTP | {"attention_backend": FLASHINFER}},
+        {"speculative_config": MTP | {"kv_cache_dtype": "fp8_e4m3"}},
+        {"speculative_config": MTP, "attention_backend": FLASHINFER},
+    ],
+    ids=["drafter-on-flashinfer", "drafter-on-fp8_e4m3", "target-on-flashinfer"],
+)
+def test_mtp_drafter_beside_per_tensor_rows_keeps_the_engine_on_them(
+    config_on_hopper, engine_args: dict[str, Any]
 ) -> None:
-    spec = MTP | {"kv_cache_dtype": "fp8_e4m3"}
-    dtypes = cache_dtypes_on_sm90(kv_cache_dtype="fp8", speculative_config=spec)
-    assert dtypes == ("fp8", "fp8_e4m3")
+    vllm_config = config_on_hopper(kv_cache_dtype="fp8", **engine_args)
+    assert vllm_config.cache_config.cache_dtype == "fp8_e4m3"
 
 
-def test_dcp_with_too_many_heads_per_rank_keeps_per_tensor_fp8(
-    cache_dtypes_on_sm90,
+def test_mtp_drafter_pinned_to_flashmla_leaves_fp8_to_selection(
+    config_on_hopper,
 ) -> None:
-    # FlashMLA sparse runs DCP over fp8 rows only below 32 heads per rank;
-    # GLM-5.3-Flash has 32 at TP 2.
-    dtypes = cache_dtypes_on_sm90(
-        kv_cache_dtype="fp8", tensor_parallel_size=2, decode_context_parallel_size=2
-    )
-    assert dtypes[0] == "fp8"
-
-
-def test_fp8_is_unchanged_off_hopper(make_vllm_config) -> None:
-    vllm_config = make_vllm_config(kv_cache_dtype="fp8")
-    Glm5NextModelConfig.verify_and_update_config(vllm_config)
+    spec = MTP | {"attention_backend": FLASHMLA}
+    vllm_config = config_on_hopper(kv_cache_dtype="fp8", speculative_config=spec)
     assert vllm_config.cache_config.cache_dtype == "fp8"
+    assert vllm_config.speculative_config.kv_cache_dtype is None
+
+
+def test_drafter_with_its_own_layers_keeps_fp8(config_on_hopper, tmp_path) -> None:
+    """A draft-model (or EAGLE3, DSpark) drafter builds its own attention
+    layers: they get the fp8 asked for, not the target's fp8_ds_mla."""
+    draft = tmp_path / "llama-draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps(_LLAMA_DRAFT))
+    spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 1}
+    vllm_config = config_on_hopper(kv_cache_dtype="fp8", speculative_config=spec)
+    vllm_config.cache_config.cache_dtype = "fp8_ds_mla"  # as the target writes it
+    draft_config = vllm_config.speculative_config.apply_draft_overrides(vllm_config)
+    assert draft_config.cache_config.cache_dtype == "fp8"
+
+
+def test_fp8_drafter_rules_are_hopper_only(make_vllm_config, monkeypatch) -> None:
+    monkeypatch.setattr(
+        current_platform, "is_device_capability_family", lambda f, device_id=0: False
+    )
+    spec = MTP | {"attention_backend": FLASHINFER}
+    vllm_config = make_vllm_config(kv_cache_dtype="fp8", speculative_config=spec)
+    assert vllm_config.cache_config.cache_dtype == "fp8"
+
+
+@pytest.mark.usefixtures("distributed")
+def test_fp8_warns_that_the_rows_change(
+    make_vllm_config, monkeypatch: pytest.MonkeyPatch, caplog_vllm
+) -> None:
+    """An MLA layer on FLASHMLA_SPARSE stores fp8 as fp8_ds_mla and says what
+    that replaces (a GPU-free attention impl is the device stub)."""
+    import torch
+
+    import vllm.model_executor.layers.attention.mla_attention as mla_attention
+    from vllm.models.glm5next.common.model import Glm5NextDecoderLayer
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    monkeypatch.setattr(
+        mla_attention, "get_attn_backend", lambda *a, **k: FlashMLASparseBackend
+    )
+    monkeypatch.setattr(
+        FlashMLASparseBackend,
+        "get_impl_cls",
+        staticmethod(lambda: _NoGpuSparseMLAImpl),
+    )
+    vllm_config = make_vllm_config(kv_cache_dtype="fp8")
+    with (
+        set_current_vllm_config(vllm_config),
+        set_default_torch_dtype(vllm_config.model_config.dtype),
+        torch.device("meta"),
+        caplog_vllm.at_level(logging.WARNING),
+    ):
+        layer = Glm5NextDecoderLayer(
+            vllm_config=vllm_config,
+            config=vllm_config.model_config.hf_text_config,
+            layer_idx=3,
+            prefix="model.layers.3",
+        )
+    assert layer.self_attn.attn.kv_cache_dtype == "fp8_ds_mla"
+    assert "656-byte fp8_ds_mla rows" in caplog_vllm.text
+    assert "fp8_e4m3 keeps the per-tensor rows" in caplog_vllm.text
+
+
+class _NoGpuSparseMLAImpl:
+    is_sparse = True
+    supports_dense_mha_prefill = False
+    dcp_world_size = pcp_world_size = 1
+
+    def __init__(self, **kwargs) -> None:
+        pass
+
+
+_LLAMA_DRAFT = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "torch_dtype": "bfloat16",
+    "num_hidden_layers": 1,
+    "hidden_size": 1024,
+    "intermediate_size": 2048,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "vocab_size": 154880,
+    "max_position_embeddings": 131072,
+}

@@ -11,7 +11,6 @@ if TYPE_CHECKING:
 
     from vllm.config import CacheConfig, ModelConfig, VllmConfig
     from vllm.config.cache import MambaDType
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
 
 logger = init_logger(__name__)
@@ -117,20 +116,42 @@ class GlmMoeDsaForCausalLM(VerifyAndUpdateConfig):
         )
 
 
+def _keep_drafter_fp8_rows(vllm_config: "VllmConfig") -> None:
+    """Keep a drafter on the rows it stores today when fp8 selects
+    fp8_ds_mla for the target on SM90.
+
+    The target's first MLA layer writes fp8_ds_mla into the CacheConfig its
+    drafter shares, and selecting a target layer cannot see a drafter built
+    after it. A drafter with its own layers gets its own fp8. With an MTP
+    drafter, a backend named for either without fp8_ds_mla, or another cache
+    dtype named for the drafter, keeps the engine on per-tensor rows.
+    """
+    spec_config = vllm_config.speculative_config
+    if spec_config is None:
+        return
+    if spec_config.method != "mtp":
+        if spec_config.kv_cache_dtype is None:
+            spec_config.kv_cache_dtype = "fp8"
+        return
+    backends = (vllm_config.attention_config.backend, spec_config.attention_backend)
+    if spec_config.kv_cache_dtype not in (None, "fp8") or any(
+        backend is not None
+        and not backend.get_class().supports_kv_cache_dtype("fp8_ds_mla")
+        for backend in backends
+    ):
+        vllm_config.cache_config.cache_dtype = "fp8_e4m3"
+
+
 class Glm5NextModelConfig(VerifyAndUpdateConfig):
     @staticmethod
     def verify_and_update_config(vllm_config: "VllmConfig") -> None:
         from vllm.platforms import current_platform
 
         cache_config = vllm_config.cache_config
-        if (
-            cache_config.cache_dtype == "fp8"
-            and current_platform.is_cuda()
-            and current_platform.is_device_capability_family(90)
-            and getattr(vllm_config.model_config.hf_text_config, "index_topk", None)
-            is not None
+        if cache_config.cache_dtype == "fp8" and (
+            current_platform.is_device_capability_family(90)
         ):
-            Glm5NextModelConfig._use_fp8_ds_mla_on_sm90(vllm_config)
+            _keep_drafter_fp8_rows(vllm_config)
             return
         if (
             cache_config.cache_dtype != "auto"
@@ -150,96 +171,6 @@ class Glm5NextModelConfig(VerifyAndUpdateConfig):
             and spec_config.kv_cache_dtype is None
         ):
             spec_config.kv_cache_dtype = "auto"
-
-    @staticmethod
-    def _pinned_mla_backends(vllm_config: "VllmConfig") -> list["AttentionBackendEnum"]:
-        """The attention backends chosen by the user for the target's MLA
-        layers and for an MTP drafter, which shares their KV cache layout."""
-        from vllm.v1.kv_cache_interface import KVCacheSpecKind
-
-        attn_config = vllm_config.attention_config
-        pinned = [
-            attn_config.backend_per_kind.get(
-                KVCacheSpecKind.MLA_ATTENTION.value, attn_config.backend
-            )
-        ]
-        spec_config = vllm_config.speculative_config
-        if spec_config is not None and spec_config.method == "mtp":
-            pinned.append(spec_config.attention_backend)
-        return [backend for backend in pinned if backend is not None]
-
-    @staticmethod
-    def _flashmla_fp8_supports_dcp(vllm_config: "VllmConfig") -> bool:
-        """Whether FlashMLA sparse can serve fp8_ds_mla rows under this
-        context parallelism: with DCP it runs fp8 rows only on its mixed-batch
-        path (fewer heads per rank than MIN_HEADS_FOR_BF16_PREFILL) or with
-        PCP, and raises only once the weights are loaded otherwise."""
-        from vllm.v1.attention.backends.mla.flashmla_sparse import (
-            MIN_HEADS_FOR_BF16_PREFILL,
-        )
-
-        parallel_config = vllm_config.parallel_config
-        if (
-            parallel_config.decode_context_parallel_size == 1
-            or parallel_config.prefill_context_parallel_size > 1
-        ):
-            return True
-        heads = vllm_config.model_config.get_num_attention_heads(parallel_config)
-        return heads < MIN_HEADS_FOR_BF16_PREFILL
-
-    @staticmethod
-    def _use_fp8_ds_mla_on_sm90(vllm_config: "VllmConfig") -> None:
-        """Give `--kv-cache-dtype fp8` on Hopper the meaning it has for 576-wide
-        sparse MLA models, FlashMLA's fp8_ds_mla rows, when every MLA layer can
-        store them: no backend chosen for the target or its MTP drafter
-        lacks fp8_ds_mla, such a drafter asks for no other cache dtype,
-        FlashMLA can run the context parallelism asked for, and there is no
-        drafter of another architecture (its cache dtype could only be kept
-        through the speculative config, and setting that makes vLLM rebuild
-        the drafter's cache config with a user-chosen block size, which
-        changes its backend). Otherwise the request keeps FlashInfer's
-        per-tensor fp8 rows, as on SM90 before and as `fp8_e4m3` always
-        selects.
-
-        The choice is engine-wide because the cache dtype is: the drafter's
-        layers share the target's cache config, into which the sparse-MLA
-        canonicalization of each layer writes back.
-        """
-        pinned = Glm5NextModelConfig._pinned_mla_backends(vllm_config)
-        storing = [
-            backend
-            for backend in pinned
-            if backend.get_class().supports_kv_cache_dtype("fp8_ds_mla")
-        ]
-        if storing and len(storing) < len(pinned):
-            raise ValueError(
-                "GLM-5.3-Flash with --kv-cache-dtype fp8 on SM90: "
-                f"{storing[0].name} stores fp8_ds_mla rows (656 B per token) "
-                "but the target and its MTP drafter share one KV cache layout, "
-                f"which {', '.join(b.name for b in pinned if b not in storing)} "
-                "cannot read. Choose FLASHMLA_SPARSE for both, or "
-                "FLASHINFER_MLA_SPARSE_SM90 for both (per-tensor fp8)."
-            )
-        spec_config = vllm_config.speculative_config
-        shares_layout = spec_config is not None and spec_config.method == "mtp"
-        drafter_dtype = spec_config.kv_cache_dtype if spec_config else None
-        if (
-            len(storing) < len(pinned)
-            or (spec_config is not None and not shares_layout)
-            or drafter_dtype not in (None, "fp8", "fp8_ds_mla")
-            or not Glm5NextModelConfig._flashmla_fp8_supports_dcp(vllm_config)
-        ):
-            return
-
-        vllm_config.cache_config.cache_dtype = "fp8_ds_mla"
-        logger.info_once(
-            "Using fp8_ds_mla KV cache for GLM-5.3-Flash on SM90: FlashMLA "
-            "sparse rows of 656 B per token with a scale per 128 values, "
-            "instead of FlashInfer's 512 B rows with one per-tensor scale "
-            "(BF16: 1024 B). --kv-cache-dtype fp8_e4m3 keeps FlashInfer's rows."
-        )
-        if spec_config is not None and spec_config.kv_cache_dtype == "fp8":
-            spec_config.kv_cache_dtype = "fp8_ds_mla"
 
 
 class Ernie4_5_VLMoeForConditionalGenerationConfig(VerifyAndUpdateConfig):

@@ -154,16 +154,18 @@ def config_on_hopper(
 
 
 @pytest.mark.parametrize(
-    "drafter",
-    [{"attention_backend": FLASHINFER}, {"kv_cache_dtype": "fp8_e4m3"}],
-    ids=["pinned-to-flashinfer", "asking-for-fp8_e4m3"],
+    "engine_args",
+    [
+        {"speculative_config": MTP | {"attention_backend": FLASHINFER}},
+        {"speculative_config": MTP | {"kv_cache_dtype": "fp8_e4m3"}},
+        {"speculative_config": MTP, "attention_backend": FLASHINFER},
+    ],
+    ids=["drafter-on-flashinfer", "drafter-on-fp8_e4m3", "target-on-flashinfer"],
 )
-def test_mtp_drafter_on_per_tensor_rows_keeps_the_target_on_them(
-    config_on_hopper, drafter: dict[str, Any]
+def test_mtp_drafter_beside_per_tensor_rows_keeps_the_engine_on_them(
+    config_on_hopper, engine_args: dict[str, Any]
 ) -> None:
-    vllm_config = config_on_hopper(
-        kv_cache_dtype="fp8", speculative_config=MTP | drafter
-    )
+    vllm_config = config_on_hopper(kv_cache_dtype="fp8", **engine_args)
     assert vllm_config.cache_config.cache_dtype == "fp8_e4m3"
 
 

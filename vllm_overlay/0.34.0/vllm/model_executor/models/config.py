@@ -187,9 +187,9 @@ def _keep_drafter_fp8_rows(vllm_config: "VllmConfig") -> None:
 
     The target's first MLA layer writes fp8_ds_mla into the CacheConfig its
     drafter shares, and selecting a target layer cannot see a drafter built
-    after it. A drafter with its own layers gets its own fp8; an MTP drafter
-    pinned to a backend without fp8_ds_mla, or to another cache dtype, keeps
-    the engine on per-tensor rows.
+    after it. A drafter with its own layers gets its own fp8. With an MTP
+    drafter, a backend named for either without fp8_ds_mla, or another cache
+    dtype named for the drafter, keeps the engine on per-tensor rows.
     """
     spec_config = vllm_config.speculative_config
     if spec_config is None:
@@ -198,10 +198,11 @@ def _keep_drafter_fp8_rows(vllm_config: "VllmConfig") -> None:
         if spec_config.kv_cache_dtype is None:
             spec_config.kv_cache_dtype = "fp8"
         return
-    backend = spec_config.attention_backend
-    if spec_config.kv_cache_dtype not in (None, "fp8") or (
+    backends = (vllm_config.attention_config.backend, spec_config.attention_backend)
+    if spec_config.kv_cache_dtype not in (None, "fp8") or any(
         backend is not None
         and not backend.get_class().supports_kv_cache_dtype("fp8_ds_mla")
+        for backend in backends
     ):
         vllm_config.cache_config.cache_dtype = "fp8_e4m3"
 
