@@ -39,7 +39,10 @@ def _load_driver() -> None:
 
 def _answer_as_sm90() -> None:
     from vllm.platforms import current_platform
+    from vllm.platforms.cuda import CudaPlatform
     from vllm.platforms.interface import DeviceCapability
+
+    CudaPlatform.import_kernels()  # the CUDA ops a GPU host has registered
 
     capability = DeviceCapability(*CAPABILITY)
     answers = {
