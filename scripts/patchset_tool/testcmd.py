@@ -77,6 +77,15 @@ class Part:
             self.passed += 1
 
 
+def model_part(version: str, patched: bool) -> str:
+    """The name of a base's model-tests part (its log: `log_path`)."""
+    return f"{version}: model tests, {'patched' if patched else 'pristine'} source"
+
+
+def neighbours_part(version: str) -> str:
+    return f"{version}: upstream neighbours, pristine = patched"
+
+
 def log_path(name: str) -> Path:
     """build/test-logs/<name as a file name>.log"""
     slug = re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-")
@@ -267,10 +276,9 @@ def run_tests(bases: list[Base], jobs: int = 2) -> int:
     ]
     for base in bases:
         for patched in (True, False):
-            tree = "patched" if patched else "pristine"
             work.append(
                 (
-                    Part(f"{base.version}: model tests, {tree} source"),
+                    Part(model_part(base.version, patched)),
                     partial(
                         model_tests,
                         python=pythons[base.version],
@@ -282,7 +290,7 @@ def run_tests(bases: list[Base], jobs: int = 2) -> int:
     for base in bases:
         work.append(
             (
-                Part(f"{base.version}: upstream neighbours, pristine = patched"),
+                Part(neighbours_part(base.version)),
                 partial(neighbours.run_part, python=pythons[base.version], base=base),
             )
         )
