@@ -20,6 +20,7 @@ then are the branches created and the folder put in place, and a failure
 there removes the branches this run created.
 """
 
+import contextlib
 import os
 import re
 import shutil
@@ -31,6 +32,8 @@ from pathlib import Path
 from . import gitutil, prdesc, trees
 from .errors import PatchsetError
 from .series import Patch, Series
+
+unwrap = prdesc.unwrap
 
 TEMPLATE = ".github/PULL_REQUEST_TEMPLATE.md"
 KIND = "pr-descriptions"
@@ -320,8 +323,12 @@ def plan_and_commit(
     return plans, heads
 
 
-def _staging(dest: Path) -> Path:
+def _staging(dest: Path, made: list[Path]) -> Path:
+    """A scratch folder beside `dest`; the folders above it that had to be
+    made are appended to `made` (removed again on failure)."""
+    missing = [p for p in [dest.parent, *dest.parent.parents] if not p.exists()]
     dest.parent.mkdir(parents=True, exist_ok=True)
+    made += missing
     return Path(tempfile.mkdtemp(prefix=f".{dest.name}.export-", dir=dest.parent))
 
 
@@ -393,10 +400,12 @@ def export(
     trees.refuse_foreign(out_dir, "--pr-dir", (trees.MARKER,))
     who = exporter_identity(src, series)
     plans, heads = plan_and_commit(series, src, names, who)
-    staging = _staging(out_dir)
+    staging: Path | None = None
     exported: list[Exported] = []
     created: list[str] = []
+    made: list[Path] = []
     try:
+        staging = _staging(out_dir, made)
         trees.mark(staging, KIND)
         for plan, head in zip(plans, heads):
             stacked = patches[plan.parent] if plan.parent is not None else None
@@ -424,7 +433,20 @@ def export(
                 )
             )
         for plan, head in zip(plans, heads):
-            gitutil.git("update-ref", f"refs/heads/{plan.branch}", head, ZERO, cwd=src)
+            made_ref = gitutil.git(
+                "update-ref",
+                f"refs/heads/{plan.branch}",
+                head,
+                ZERO,
+                cwd=src,
+                check=False,
+            )
+            if made_ref.returncode:
+                said = (made_ref.stderr.strip().splitlines() or ["?"])[-1]
+                raise PatchsetError(
+                    f"export: could not create branch {plan.branch} in {src} "
+                    f"({said}); no branch and no description was left"
+                )
             created.append(plan.branch)
         _put_in_place(staging, out_dir)
     except BaseException as exc:
@@ -432,7 +454,11 @@ def export(
             gitutil.git(
                 "update-ref", "-d", f"refs/heads/{branch}", head, cwd=src, check=False
             )
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         if not isinstance(exc, OSError):
             raise
         raise PatchsetError(
