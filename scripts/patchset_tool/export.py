@@ -450,9 +450,14 @@ def export(
             created.append(plan.branch)
         _put_in_place(staging, out_dir)
     except BaseException as exc:
-        for branch, head in zip(created, heads):
+        for made_branch, head in zip(created, heads):
             gitutil.git(
-                "update-ref", "-d", f"refs/heads/{branch}", head, cwd=src, check=False
+                "update-ref",
+                "-d",
+                f"refs/heads/{made_branch}",
+                head,
+                cwd=src,
+                check=False,
             )
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)

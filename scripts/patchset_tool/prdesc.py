@@ -192,7 +192,9 @@ def read_sections(path: Path, label: str) -> list[Section]:
     if not path.is_file():
         return []
     sections = [Section(label, "", 0)]
-    in_code, code, paragraph, last = False, [], [], ""
+    in_code, last = False, ""
+    code: list[str] = []
+    paragraph: list[str] = []
     for line in path.read_text().splitlines():
         if line.startswith("```"):
             if in_code:
