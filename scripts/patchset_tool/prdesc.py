@@ -645,9 +645,7 @@ class Writer:
         else:
             counts = _summary(patched)
             scope = (
-                "the series applied, which is this branch"
-                if self.branch.stacked_on is not None or self.patch.name[:4] == "0001"
-                else "the whole series applied; not run on this patch alone"
+                "on the source with the whole series applied, not on this branch alone"
             )
             lines.append(
                 f"With this change ({ev.patched.cite}, {scope}): {counts}."  # type: ignore[union-attr]
