@@ -1,125 +1,61 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""`export`: a branch with one commit per patch, and the PR description."""
+"""`export`: one branch per patch, each with its pull-request description.
 
+Patch 1 goes on the release (HEAD of the checkout). Each later patch goes on
+the release too when it applies there alone and nothing it or its tests use
+comes from an earlier patch (tried in a scratch worktree: `git am -3`, then
+its imports and its tests' fixtures read against the files the earlier
+patches add); else it is stacked on the previous patch's branch.
+
+Every exported commit is authored, committed and signed off by the person
+exporting (their `git config` identity) alone: the patches' own
+Signed-off-by lines and any line naming the project's identity are dropped.
+
+All or nothing: every input is checked before anything is written (branch
+names with `git check-ref-format --branch`, no existing branch, the
+checkout's release, the identity, the descriptions' folder); the commits
+are made in a scratch worktree, the descriptions in a scratch folder; only
+then are the branches created and the folder put in place, and a failure
+there removes the branches this run created.
+"""
+
+import contextlib
+import os
 import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from . import gitutil
+from . import gitutil, prdesc, trees
 from .errors import PatchsetError
 from .series import Patch, Series
 
+unwrap = prdesc.unwrap
+
 TEMPLATE = ".github/PULL_REQUEST_TEMPLATE.md"
-FALLBACK_TEMPLATE = "## Purpose\n\n## Test Plan\n\n## Test Result\n"
-BLOCK_START = re.compile(r"^(\s*[-*+] |\s*\d+[.)] |#|>|\||    |\t|<)")
-TEST_COMMAND = "pytest -v -s tests/models/glm5next"
+KIND = "pr-descriptions"
+SIGNOFF = re.compile(r"^\s*Signed-off-by:", re.I)
+EMAIL = re.compile(r"<([^>]+)>")
+TRAILER = re.compile(r"^[A-Za-z][\w-]*: ")
+RELEASE_VERSION = re.compile(r"^__version__\s*=.*?['\"](\d+\.\d+\.\d+)['\"+]", re.M)
+DESCRIBE = re.compile(r"^v(\d+\.\d+\.\d+)(?:-(\d+)-g[0-9a-f]+)?$")
+ZERO = "0" * 40
 
 
-def unwrap(text: str) -> str:
-    """Join the hard-wrapped lines of each paragraph and list item (GitHub
-    renders a newline in a PR body as a line break); code blocks, headings,
-    tables and new list items stay as they are."""
-    out: list[str] = []
-    in_code = joinable = False
-    for line in text.splitlines():
-        if line.lstrip().startswith("```"):
-            in_code = not in_code
-            out.append(line)
-            joinable = False
-        elif in_code or not line.strip():
-            out.append(line)
-            joinable = False
-        elif joinable and not BLOCK_START.match(line):
-            out[-1] = f"{out[-1].rstrip()} {line.strip()}"
-        else:
-            out.append(line)
-            joinable = not line.startswith(("#", "|", "    ", "\t", "<"))
-    return "\n".join(out)
-
-
-def _section_text(heading: str, patches: list[Patch], details_elsewhere: bool) -> str:
-    """What the series says under one of the template's headings ("" for a
-    heading it has nothing for)."""
-    name = heading.lower()
-    if any(k in name for k in ("overview", "purpose", "summary")):
-        lines = [
-            f"This series makes {len(patches)} change(s) to vLLM, one commit each:",
-            "",
-            *(f"- {p.subject}" for p in patches),
-        ]
-        if not details_elsewhere:
-            lines += ["", _details(patches)]
-        return "\n".join(lines)
-    if "claim" in name:
-        return "\n".join(f"- {p.subject}" for p in patches)
-    if "validation" in name or "test plan" in name:
-        return (
-            f"```\n{TEST_COMMAND}\n```\n\nSelected in CI by the "
-            "`glm5next-unit-tests` step. The new tests fail on the base "
-            "commit where each change is claimed and pass with the series; "
-            "each commit message gives its figures."
-        )
-    if "test result" in name:
-        return (
-            "The new tests fail on the base commit where the change is "
-            "claimed and pass with the series; see each commit message."
-        )
-    if "detail" in name:
-        return _details(patches)
-    return ""
-
-
-def _details(patches: list[Patch]) -> str:
-    parts = []
-    for patch in patches:
-        body = "\n".join(
-            line
-            for line in patch.body.splitlines()
-            if not line.startswith("Signed-off-by:")
-        ).strip()
-        parts += [f"### {patch.subject}", "", unwrap(body), ""]
-    return "\n".join(parts).rstrip()
-
-
-def pr_description(patches: list[Patch], template: str | None = None) -> str:
-    """The pull-request description in the layout of `template` (the vLLM
-    release's own .github/PULL_REQUEST_TEMPLATE.md): under each of its
-    headings what the series says, in place of the template's comment;
-    everything else (the checklist) as the template has it."""
-    title = (
-        patches[0].subject
-        if len(patches) == 1
-        else (
-            "[Model] GLM-5.3-Flash: online quantization of BF16 attention "
-            "projections and opt-in FP8 MLA KV cache on Hopper"
-        )
-    )
-    text = template or FALLBACK_TEMPLATE
-    lines = text.splitlines()
-    headings = [line for line in lines if line.startswith("## ")]
-    details_elsewhere = any("detail" in h.lower() for h in headings)
-    out = [f"<!-- title: {title} -->", ""]
-    index = 0
-    while index < len(lines):
-        line = lines[index]
-        out.append(line)
-        index += 1
-        if not line.startswith("## "):
-            continue
-        filled = _section_text(line[3:], patches, details_elsewhere)
-        if not filled:
-            continue
-        # The heading's own guidance (an HTML comment) gives way to the text.
-        while index < len(lines) and not lines[index].strip():
-            index += 1
-        if index < len(lines) and lines[index].lstrip().startswith("<!--"):
-            while index < len(lines) and "-->" not in lines[index]:
-                index += 1
-            index += 1
-        out += ["", filled]
-        if index < len(lines) and lines[index].strip():
-            out.append("")
-    return "\n".join(out).rstrip() + "\n"
+@dataclass
+class Exported:
+    patch: Patch
+    branch: str
+    commit: str
+    description: Path
+    base: str
+    """`the release` or the branch it is stacked on."""
+    reason: str
+    untraced: list[str]
+    not_run: list[str]
 
 
 def release_template(src: Path) -> str | None:
@@ -128,9 +64,70 @@ def release_template(src: Path) -> str | None:
     return shown.stdout if shown.returncode == 0 else None
 
 
-def exporter_identity(src: Path) -> tuple[str, str]:
+def check_branch_name(name: str, src: Path) -> None:
+    """Raise unless `name` is a branch name git accepts as it is."""
+    proc = gitutil.git("check-ref-format", "--branch", name, cwd=src, check=False)
+    if (
+        name.startswith("-")
+        or name == "HEAD"
+        or proc.returncode
+        or proc.stdout.strip() != name
+    ):
+        raise PatchsetError(
+            f"export: {name!r} is not a valid branch name (git check-ref-format "
+            "--branch refuses it); nothing was created"
+        )
+
+
+def default_branches(series: Series) -> list[str]:
+    """glm5next/<patch file name without .patch>, one per patch."""
+    return [f"glm5next/{p.name.removesuffix('.patch')}" for p in series.patches]
+
+
+def checkout_release(src: Path) -> tuple[str | None, str]:
+    """(the vLLM release HEAD of `src` is, how that was found): the release
+    `vllm/_version.py` names, else the `vX.Y.Z` tag `git describe` finds
+    (with the commits after it); (None, why) when neither says."""
+    version_file = src / "vllm" / "_version.py"
+    if version_file.is_file():
+        found = RELEASE_VERSION.search(version_file.read_text(errors="replace"))
+        if found:
+            return found.group(1), "vllm/_version.py"
+    described = gitutil.git(
+        "describe", "--tags", "--match", "v[0-9]*", "HEAD", cwd=src, check=False
+    )
+    match = DESCRIBE.match(described.stdout.strip())
+    if described.returncode == 0 and match:
+        after = f", {match.group(2)} commits after it" if match.group(2) else ""
+        return match.group(1), f"git describe: {described.stdout.strip()}{after}"
+    return None, "no vllm/_version.py with a release and no vX.Y.Z tag"
+
+
+def refuse_other_release(series: Series, src: Path) -> str:
+    """Raise when `src` is a checkout of another vLLM release than the
+    series' base; return what was found."""
+    found, how = checkout_release(src)
+    want = series.base.version
+    if found is not None and found != want:
+        raise PatchsetError(
+            f"export: {src} is a checkout of vLLM {found} ({how}); this series "
+            f"is for vLLM {want}. Check out v{want} (or main after it), or "
+            "export the series of that release with --base; nothing was created"
+        )
+    if found is None:
+        return f"cannot tell which vLLM release {src} is ({how}); taken as {want}"
+    return f"{src} is vLLM {found} ({how})"
+
+
+def project_identities(series: Series) -> set[str]:
+    """The patches' own authors' e-mail addresses (the project's identity)."""
+    return {m.group(1) for p in series.patches if (m := EMAIL.search(p.author))}
+
+
+def exporter_identity(src: Path, series: Series) -> tuple[str, str]:
     """(name, email) of the person exporting, from git's configuration as
-    seen in `src`; raise saying why when either is missing."""
+    seen in `src`; raise saying why when either is missing, or when it is
+    the project's placeholder identity."""
     found = []
     for key in ("user.name", "user.email"):
         value = gitutil.git("config", "--get", key, cwd=src, check=False).stdout
@@ -142,54 +139,334 @@ def exporter_identity(src: Path) -> tuple[str, str]:
                 f"{key} ...` and run export again"
             )
         found.append(value.strip())
-    return found[0], found[1]
+    name, email = found
+    if email in project_identities(series) or prdesc.PLACEHOLDER.search(
+        f"{name} <{email}>"
+    ):
+        raise PatchsetError(
+            f"export: your git identity {name} <{email}> is the project's "
+            "placeholder; a commit is certified (DCO) under your own name: "
+            "set user.name and user.email to yours"
+        )
+    return name, email
 
 
-def _own_the_commits(scratch: Path, base_head: str, name: str, email: str) -> None:
-    """Make the exporter the author of every commit after `base_head` and
-    add their Signed-off-by (the project's own stays in the trailers)."""
-    env = gitutil.outside_repo_env(scratch)
-    env.update(
-        GIT_AUTHOR_NAME=name,
-        GIT_AUTHOR_EMAIL=email,
-        GIT_COMMITTER_NAME=name,
-        GIT_COMMITTER_EMAIL=email,
-    )
-    proc = gitutil.git(
-        "rebase",
-        "--quiet",
-        "--exec",
-        "git commit --quiet --amend --no-edit --reset-author --signoff",
-        base_head,
-        cwd=scratch,
-        env=env,
-        check=False,
-    )
-    if proc.returncode:
-        raise PatchsetError(f"export: could not re-author the commits:\n{proc.stderr}")
+def own_message(text: str, name: str, email: str, drop: set[str]) -> str:
+    """`text` without any Signed-off-by or line naming an identity in
+    `drop`, signed off by `name <email>` alone."""
+    lines = [
+        line
+        for line in text.rstrip().splitlines()
+        if not SIGNOFF.match(line) and not any(d in line for d in drop)
+    ]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    paragraph = []
+    for line in reversed(lines):
+        if not line.strip():
+            break
+        paragraph.append(line)
+    trailer_block = paragraph and all(TRAILER.match(x) for x in paragraph)
+    if not trailer_block:
+        lines.append("")
+    lines.append(f"Signed-off-by: {name} <{email}>")
+    return "\n".join(lines) + "\n"
 
 
-def export(series: Series, src: Path, branch: str, description: Path) -> int:
-    """Create `branch` at HEAD of `src` with `series` on top, one commit
-    per patch authored and signed off by the person exporting, without
-    touching the checkout's work tree; write the PR description."""
+def _commit(scratch: Path, patch: Patch, name: str, email: str, drop: set[str]) -> str:
+    """Apply `patch` at HEAD of `scratch` as one commit that `name <email>`
+    authors, commits and signs off alone; its id."""
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": name,
+        "GIT_AUTHOR_EMAIL": email,
+        "GIT_COMMITTER_NAME": name,
+        "GIT_COMMITTER_EMAIL": email,
+    }
+    gitutil.am_series(scratch, [patch])
+    text = gitutil.git("log", "-1", "--format=%B", cwd=scratch).stdout
+    with tempfile.NamedTemporaryFile("w", suffix=".msg", delete=False) as msg:
+        msg.write(own_message(text, name, email, drop))
+    try:
+        gitutil.git(
+            "commit",
+            "--quiet",
+            "--amend",
+            "--reset-author",
+            "--no-verify",
+            "--cleanup=verbatim",
+            "-F",
+            msg.name,
+            cwd=scratch,
+            env=env,
+        )
+    finally:
+        os.unlink(msg.name)
+    shown = gitutil.git(
+        "log", "-1", "--format=%an <%ae>%n%cn <%ce>%n%B", cwd=scratch
+    ).stdout
+    if any(d in shown for d in drop):
+        raise PatchsetError(
+            f"export: {patch.name}: the project's identity is still in the commit"
+        )
+    return gitutil.git("rev-parse", "HEAD", cwd=scratch).stdout.strip()
+
+
+IMPORT = re.compile(r"^\s*(?:from|import)\s+([\w.]+)", re.M)
+
+
+def _fixtures(text: str) -> set[str]:
+    """Names of the pytest fixtures a conftest defines."""
+    return set(re.findall(r"@pytest\.fixture[^\n]*\n(?:@[^\n]*\n)*\s*def (\w+)", text))
+
+
+def needs_earlier(patch: Patch, earlier: list[Patch], tree: Path) -> str | None:
+    """Why `patch` (applied alone at `tree`) needs the `earlier` patches:
+    it imports a module they add, or its tests use a fixture only a
+    conftest.py they add or change defines. None if neither."""
+    added = {
+        f.path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        for p in earlier
+        for f in p.files
+        if f.is_new and f.path.endswith(".py")
+    }
+    conftests = {
+        f.path: p for p in earlier for f in p.files if f.path.endswith("conftest.py")
+    }
+    for diff in patch.files:
+        path = tree / diff.path
+        if diff.is_deleted or not diff.path.endswith(".py") or not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        for module in IMPORT.findall(text):
+            if module in added:
+                owner = next(
+                    p
+                    for p in earlier
+                    if any(f.path.startswith(module.replace(".", "/")) for f in p.files)
+                )
+                return f"{diff.path} imports {module}, which {owner.name[:4]} adds"
+        if not Path(diff.path).name.startswith("test_"):
+            continue
+        used = set(re.findall(r"def test_\w+\(([^)]*)\)", text, re.S))
+        params = {
+            a.strip().split(":")[0].split("=")[0].strip()
+            for group in used
+            for a in group.split(",")
+        }
+        for conftest, owner in conftests.items():
+            if not diff.path.startswith(str(Path(conftest).parent) + "/"):
+                continue
+            theirs = _fixtures(owner_text(owner, conftest, tree))
+            present = tree / conftest
+            here = _fixtures(present.read_text()) if present.is_file() else set()
+            missing = sorted((params & theirs) - here)
+            if missing:
+                return (
+                    f"its tests use the fixture(s) {', '.join(missing)} of "
+                    f"{conftest}, which {owner.name[:4]} adds"
+                )
+    return None
+
+
+def owner_text(patch: Patch, path: str, tree: Path) -> str:
+    """The lines `patch` adds to `path` (enough to read its fixtures)."""
+    out, inside = [], False
+    for line in patch.path.read_text().split("\n"):
+        if line.startswith("diff --git "):
+            inside = line.endswith(f" b/{path}")
+        elif inside and line.startswith("+") and not line.startswith("+++"):
+            out.append(line[1:])
+    return "\n".join(out)
+
+
+@dataclass
+class Plan:
+    patch: Patch
+    branch: str
+    parent: int | None
+    """Index of the patch whose branch it is stacked on; None: the release."""
+    reason: str
+
+
+def plan_and_commit(
+    series: Series, src: Path, branches: list[str], who: tuple[str, str]
+) -> tuple[list[Plan], list[str]]:
+    """Decide each patch's base by trying, and make its commits in one
+    scratch worktree (no branch yet); the plans and each branch's head."""
+    patches, drop = series.patches, project_identities(series)
+    name, email = who
+    plans: list[Plan] = []
+    heads: list[str] = []
+    with gitutil.scratch_worktree(src) as scratch:
+        release = gitutil.git("rev-parse", "HEAD", cwd=scratch).stdout.strip()
+        for index, patch in enumerate(patches):
+            parent: int | None = None
+            reason = f"applies to vLLM {series.base.version} alone"
+            gitutil.git("checkout", "--quiet", "--detach", release, cwd=scratch)
+            if index:
+                try:
+                    gitutil.am_series(scratch, [patch])
+                    why = needs_earlier(patch, patches[:index], scratch)
+                except PatchsetError as exc:
+                    first = str(exc).splitlines()[0]
+                    why = f"it does not apply without them ({first})"
+                earlier = ", ".join(p.name[:4] for p in patches[:index])
+                if why:
+                    parent, reason = index - 1, why
+                else:
+                    reason += f" and uses nothing {earlier} adds"
+                start = heads[parent] if parent is not None else release
+                gitutil.git("checkout", "--quiet", "--detach", start, cwd=scratch)
+            heads.append(_commit(scratch, patch, name, email, drop))
+            plans.append(Plan(patch, branches[index], parent, reason))
+    return plans, heads
+
+
+def _staging(dest: Path, made: list[Path]) -> Path:
+    """A scratch folder beside `dest`; the folders above it that had to be
+    made are appended to `made` (removed again on failure)."""
+    missing = [p for p in [dest.parent, *dest.parent.parents] if not p.exists()]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    made += missing
+    return Path(tempfile.mkdtemp(prefix=f".{dest.name}.export-", dir=dest.parent))
+
+
+def _put_in_place(staging: Path, dest: Path) -> None:
+    """Replace `dest` (absent, empty, or the tool's) by `staging`."""
+    old = None
+    if dest.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+        old.rmdir()
+        dest.rename(old)
+    try:
+        staging.rename(dest)
+    except OSError:
+        if old is not None:
+            old.rename(dest)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def description_name(branch: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", branch) + ".md"
+
+
+def export(
+    series: Series,
+    src: Path,
+    branches: list[str] | None,
+    out_dir: Path,
+    evidence: prdesc.Evidence,
+    sdist_template: Callable[[], str | None],
+) -> tuple[list[Exported], str]:
+    """Export `series` onto HEAD of `src` (see the module docstring); the
+    branches made, and what was found of the checkout's release."""
     patches = series.patches
     if not patches:
         raise PatchsetError("export: the series is empty")
-    head = gitutil.require_clean_checkout(src)
-    name, email = exporter_identity(src)
-    exists = gitutil.git(
-        "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", cwd=src, check=False
-    )
-    if exists.returncode == 0:
-        raise PatchsetError(f"{src}: branch {branch} already exists")
+    names = branches or default_branches(series)
+    if len(names) != len(patches):
+        raise PatchsetError(
+            f"export: {len(names)} --branch name(s) for {len(patches)} patches; "
+            "give one per patch, in the series' order, or none"
+        )
+    if len(set(names)) != len(names):
+        raise PatchsetError("export: the same --branch name is given twice")
+    gitutil.require_clean_checkout(src)
+    for name in names:
+        check_branch_name(name, src)
+        exists = gitutil.git(
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            f"refs/heads/{name}",
+            cwd=src,
+            check=False,
+        )
+        if exists.returncode == 0:
+            raise PatchsetError(
+                f"export: {src}: branch {name} already exists; choose another "
+                "--branch or delete it yourself (nothing was created)"
+            )
+    release = refuse_other_release(series, src)
+    template = release_template(src) or sdist_template()
+    if template is None:
+        raise PatchsetError(
+            f"export: no {TEMPLATE} in {src} or the release's sdist; nothing "
+            "was created"
+        )
+    trees.refuse_foreign(out_dir, "--pr-dir", (trees.MARKER,))
+    who = exporter_identity(src, series)
+    plans, heads = plan_and_commit(series, src, names, who)
+    staging: Path | None = None
+    exported: list[Exported] = []
+    created: list[str] = []
+    made: list[Path] = []
     try:
-        with gitutil.scratch_worktree(src, branch=branch) as scratch:
-            gitutil.am_series(scratch, patches)
-            _own_the_commits(scratch, head, name, email)
-    except PatchsetError:
-        gitutil.git("branch", "-D", branch, cwd=src, check=False)
-        raise
-    description.parent.mkdir(parents=True, exist_ok=True)
-    description.write_text(pr_description(patches, release_template(src)))
-    return len(patches)
+        staging = _staging(out_dir, made)
+        trees.mark(staging, KIND)
+        for plan, head in zip(plans, heads):
+            stacked = patches[plan.parent] if plan.parent is not None else None
+            base = names[plan.parent] if plan.parent is not None else "the release"
+            branch = prdesc.Branch(plan.branch, base, stacked, plan.reason)
+            written = prdesc.write(plan.patch, evidence, branch, template)
+            problems = prdesc.check(written.text, template, evidence)
+            if problems:
+                raise PatchsetError(
+                    f"export: the description of {plan.patch.name} fails its "
+                    f"own check: {problems[0]}"
+                )
+            path = staging / description_name(plan.branch)
+            path.write_text(written.text)
+            exported.append(
+                Exported(
+                    plan.patch,
+                    plan.branch,
+                    head,
+                    out_dir / path.name,
+                    base,
+                    plan.reason,
+                    written.untraced,
+                    written.not_run,
+                )
+            )
+        for plan, head in zip(plans, heads):
+            made_ref = gitutil.git(
+                "update-ref",
+                f"refs/heads/{plan.branch}",
+                head,
+                ZERO,
+                cwd=src,
+                check=False,
+            )
+            if made_ref.returncode:
+                said = (made_ref.stderr.strip().splitlines() or ["?"])[-1]
+                raise PatchsetError(
+                    f"export: could not create branch {plan.branch} in {src} "
+                    f"({said}); no branch and no description was left"
+                )
+            created.append(plan.branch)
+        _put_in_place(staging, out_dir)
+    except BaseException as exc:
+        for made_branch, head in zip(created, heads):
+            gitutil.git(
+                "update-ref",
+                "-d",
+                f"refs/heads/{made_branch}",
+                head,
+                cwd=src,
+                check=False,
+            )
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if not isinstance(exc, OSError):
+            raise
+        raise PatchsetError(
+            f"export: {exc}; no branch and no description was left"
+        ) from exc
+    return exported, release

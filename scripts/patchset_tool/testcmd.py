@@ -79,6 +79,16 @@ class Part:
 
 SM90_GPU_ONLY_VAR = "GLM5NEXT_SM90_GPU_ONLY"
 """Where `glm5next_sm90_host` reads the tests it skips (see that plugin)."""
+CPU_HOST, SM90_HOST = "CPU host", "emulated SM90 host"
+
+
+def model_part(version: str, patched: bool, host: str = CPU_HOST) -> str:
+    """The name of a base's model-tests part (its log: `log_path`)."""
+    return f"{version}: model tests, {'patched' if patched else 'pristine'} source, {host}"
+
+
+def neighbours_part(version: str) -> str:
+    return f"{version}: upstream neighbours, pristine = patched"
 
 
 def log_path(name: str) -> Path:
@@ -307,14 +317,13 @@ def run_tests(bases: list[Base], jobs: int = 2) -> int:
             lambda part: tool_tests(part, python, tool_env, workers=jobs),
         )
     ]
-    hosts = {"CPU host": model_tests, "emulated SM90 host": model_tests_on_sm90}
+    hosts = {CPU_HOST: model_tests, SM90_HOST: model_tests_on_sm90}
     for base in bases:
         for host, run_part in hosts.items():
             for patched in (True, False):
-                tree = "patched" if patched else "pristine"
                 work.append(
                     (
-                        Part(f"{base.version}: model tests, {tree} source, {host}"),
+                        Part(model_part(base.version, patched, host)),
                         partial(
                             run_part,
                             python=pythons[base.version],
@@ -326,7 +335,7 @@ def run_tests(bases: list[Base], jobs: int = 2) -> int:
     for base in bases:
         work.append(
             (
-                Part(f"{base.version}: upstream neighbours, pristine = patched"),
+                Part(neighbours_part(base.version)),
                 partial(neighbours.run_part, python=pythons[base.version], base=base),
             )
         )

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The maintainer's uses: a vLLM git checkout, refresh, bisect and export."""
+"""The maintainer's uses: a vLLM git checkout, refresh and bisect."""
 
 import subprocess
 from pathlib import Path
@@ -149,36 +149,6 @@ def test_bisect_run_verdicts(
     assert state(work)[1] == ""
 
 
-def test_export_makes_a_branch_and_a_description(
-    project: Project, checkout: Path, tmp_path: Path
-) -> None:
-    before = state(checkout)
-    description = tmp_path / "pr.md"
-    result = project.patchset(
-        "export",
-        "--vllm-src",
-        str(checkout),
-        "--branch",
-        "glm5next-series",
-        "--pr-description",
-        str(description),
-    )
-    assert result.returncode == 0, result.stderr
-    assert state(checkout) == before
-    log = git("log", "--format=%s", "base..glm5next-series", cwd=checkout).split("\n")
-    assert log[:2] == [
-        "[Model] Touch KDA and the package init",
-        "[Model] Add a probe module to glm5next",
-    ]
-    text = description.read_text()
-    assert "### [Model] Add a probe module to glm5next" in text
-    assert "Signed-off-by" not in text
-    again = project.patchset(
-        "export", "--vllm-src", str(checkout), "--branch", "glm5next-series"
-    )
-    assert again.returncode == 1 and "already exists" in again.stderr
-
-
 def test_probe_files_are_in_the_series(project: Project, series: Path) -> None:
     assert (project.overlay() / PROBE_TEST).is_file()
     assert (
@@ -202,57 +172,6 @@ def test_refresh_refuses_to_overwrite_edited_copies(
     assert "edited outside the work tree" in result.stderr
     assert str(overlay) in result.stderr
     assert overlay.read_text().endswith("EDITED_IN_OVERLAY = True\n")
-
-
-def without_git_identity(env: dict[str, str], home: Path) -> dict[str, str]:
-    """`env` with no git configuration but the repository's own: an empty
-    HOME, no system or global file, no identity in the environment."""
-    home.mkdir()
-    env = {**env, "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1"}
-    for name in ("XDG_CONFIG_HOME", "GIT_CONFIG_GLOBAL", "EMAIL"):
-        env.pop(name, None)
-    for who in ("AUTHOR", "COMMITTER"):
-        env.pop(f"GIT_{who}_NAME", None)
-        env.pop(f"GIT_{who}_EMAIL", None)
-    return env
-
-
-def test_export_refuses_without_a_git_identity(
-    project: Project, checkout: Path, tmp_path: Path
-) -> None:
-    env = without_git_identity(project.env, tmp_path / "home")
-    before = state(checkout)
-    result = project.patchset(
-        "export", "--vllm-src", str(checkout), "--branch", "glm5next-series", env=env
-    )
-    assert result.returncode == 1
-    assert "git has no user.name configured" in result.stderr
-    assert "Signed-off-by" in result.stderr
-    assert state(checkout) == before
-    assert "glm5next-series" not in git("branch", "--list", cwd=checkout)
-
-
-def test_export_commits_are_authored_and_signed_off_by_the_exporter(
-    project: Project, checkout: Path, tmp_path: Path
-) -> None:
-    env = without_git_identity(project.env, tmp_path / "home")
-    git("config", "user.name", "Ex Porter", cwd=checkout)
-    git("config", "user.email", "ex@example.com", cwd=checkout)
-    result = project.patchset(
-        "export", "--vllm-src", str(checkout), "--branch", "glm5next-series", env=env
-    )
-    assert result.returncode == 0, result.stderr
-    commits = git("rev-list", "--reverse", "base..glm5next-series", cwd=checkout)
-    assert len(commits.split()) == 2
-    for commit in commits.split():
-        who = git("log", "-1", "--format=%an <%ae>|%cn <%ce>", commit, cwd=checkout)
-        assert who.strip() == "Ex Porter <ex@example.com>|Ex Porter <ex@example.com>"
-        message = git("log", "-1", "--format=%B", commit, cwd=checkout)
-        trailers = [x for x in message.splitlines() if x.startswith("Signed-off-by:")]
-        assert trailers == [
-            "Signed-off-by: Test Author <a@example.com>",
-            "Signed-off-by: Ex Porter <ex@example.com>",
-        ]
 
 
 def test_refresh_says_what_to_do_with_a_new_commit(
@@ -321,66 +240,3 @@ def test_refresh_keeps_the_work_tree_current(project: Project, work: Path) -> No
         result = project.patchset("refresh", "1", "--vllm-src", str(work))
         assert result.returncode == 0, result.stderr
     assert (project.overlay() / PROBE).read_text().endswith("ANSWER = 44\n")
-
-
-TEMPLATE = """<!-- markdownlint-disable -->
-
-## Overview
-
-<!-- Summarize the change in 1-2 lines. -->
-
-## Claims
-
-<!-- State the accomplishments
-in a few concrete bullets. -->
-
-## Validation
-
-<!-- Show evidence. -->
-
-## Details
-
-<!-- Explain motivation. -->
-
----
-
-<details>
-<summary> Pull Request Checklist </summary>
-
-- [ ] **Design Fit:** Minimizes impact on core components.
-</details>
-"""
-
-
-def test_export_description_follows_the_release_template(
-    project: Project, checkout: Path, tmp_path: Path
-) -> None:
-    """The checkout's own .github/PULL_REQUEST_TEMPLATE.md gives the
-    headings and checklist; each paragraph is one line."""
-    template = checkout / ".github" / "PULL_REQUEST_TEMPLATE.md"
-    template.parent.mkdir()
-    template.write_text(TEMPLATE)
-    git("add", "--all", cwd=checkout)
-    git("commit", "--quiet", "-m", "add the template", cwd=checkout)
-    description = tmp_path / "pr.md"
-    result = project.patchset(
-        "export",
-        "--vllm-src",
-        str(checkout),
-        "--branch",
-        "b",
-        "--pr-description",
-        str(description),
-    )
-    assert result.returncode == 0, result.stderr
-    text = description.read_text()
-    headings = [line for line in text.splitlines() if line.startswith("## ")]
-    assert headings == ["## Overview", "## Claims", "## Validation", "## Details"]
-    assert "<!-- Summarize" not in text and "in a few concrete" not in text
-    assert "- [ ] **Design Fit:** Minimizes impact on core components." in text
-    assert text.index("## Details") < text.index("### [Model] Add a probe module")
-    assert text.index("### [Model] Add a probe module") < text.index("<details>")
-    assert (
-        "This change exists so that the tool's tests have a real patch with a "
-        "body that says why it is needed.\n" in text
-    )
