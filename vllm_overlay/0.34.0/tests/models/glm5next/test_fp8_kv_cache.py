@@ -178,17 +178,23 @@ def test_mtp_drafter_pinned_to_flashmla_leaves_fp8_to_selection(
     assert vllm_config.speculative_config.kv_cache_dtype is None
 
 
-def test_drafter_with_its_own_layers_keeps_fp8(config_on_hopper, tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("drafter_dtype", "expected"), [(None, "fp8"), ("auto", "auto")], ids=["unset", "auto"]
+)
+def test_drafter_with_its_own_layers_keeps_its_dtype(
+    config_on_hopper, tmp_path, drafter_dtype: str | None, expected: str
+) -> None:
     """A draft-model (or EAGLE3, DSpark) drafter builds its own attention
-    layers: they get the fp8 asked for, not the target's fp8_ds_mla."""
+    layers: they get the dtype asked for, not the target's fp8_ds_mla."""
     draft = tmp_path / "llama-draft"
     draft.mkdir()
     (draft / "config.json").write_text(json.dumps(_LLAMA_DRAFT))
     spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 1}
+    spec["kv_cache_dtype"] = drafter_dtype
     vllm_config = config_on_hopper(kv_cache_dtype="fp8", speculative_config=spec)
     vllm_config.cache_config.cache_dtype = "fp8_ds_mla"  # as the target writes it
     draft_config = vllm_config.speculative_config.apply_draft_overrides(vllm_config)
-    assert draft_config.cache_config.cache_dtype == "fp8"
+    assert draft_config.cache_config.cache_dtype == expected
 
 
 def test_fp8_drafter_rules_are_hopper_only(make_vllm_config, monkeypatch) -> None:
