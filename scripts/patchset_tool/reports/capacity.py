@@ -23,7 +23,8 @@ Run inside the managed environment, with the tree to inspect first on
 sys.path and tests/models/glm5next on it (`scripts/patchset capacity [--base]
 ...` does both):
 
-    python -m patchset_tool.reports capacity [--kv-cache-dtype auto|fp8|both]
+    python -m patchset_tool.reports capacity [--kv-cache-dtype
+    auto|fp8|fp8_e4m3|both]
         [--budget-gib X] [--tp N] [--max-model-len L] [--json]
     python -m patchset_tool.reports capacity --batch FILE  (see cli.py)
 """
@@ -53,7 +54,12 @@ SM90 = (9, 0)
 GIB = 1 << 30
 DEFAULT_BUDGET_GIB = 65.37
 """The other engine's per-GPU block-cache budget (8xH200, TP8, 0.7)."""
-DTYPES = {"auto": ("auto",), "fp8": ("fp8",), "both": ("auto", "fp8")}
+DTYPES = {
+    "auto": ("auto",),
+    "fp8": ("fp8",),
+    "fp8_e4m3": ("fp8_e4m3",),
+    "both": ("auto", "fp8"),
+}
 
 
 def load_cuda_driver(helpers: ModuleType, tmp_dir: Path) -> None:
