@@ -94,11 +94,13 @@ def apply_series_in(root: Path, series: Series) -> None:
     """Apply `series` to the copy of vLLM's files under `root` (which
     holds `vllm/`) and prove the result equals the base's overlay; raise
     naming the patch, file and hunk that fail."""
-    _apply_patches(series, root)
+    apply_patches(series, root)
     _compare_with_overlay(series, root)
 
 
-def _apply_patches(series: Series, staging: Path) -> None:
+def apply_patches(series: Series, staging: Path) -> None:
+    """`git apply` each patch of `series`, in order, to the files under
+    `staging`, as patch(1) would; raise naming the patch, file and hunk."""
     env = gitutil.outside_repo_env(staging)
     kill_after = os.environ.get(KILL_AFTER_VAR)
     for number, patch in enumerate(series.patches, 1):
