@@ -376,16 +376,39 @@ def _refuse_unfoldable(work: Path, tree: str, base: Base) -> list[str]:
 
 def _fold(work: Path, target: str, tree: str) -> str:
     """The commit that `git rebase -i --autosquash` makes of the series
-    once the edits `tree` holds are folded into `target` as a fixup, done
-    in a scratch worktree so that `work` is left alone; raise when they
-    conflict with a later patch or change its result."""
+    once the edits `tree` holds are folded into `target` as a fixup. It
+    runs in a throw-away sparse clone (sharing `work`'s objects), so that
+    `work`, its branches and its git dir are left alone whatever happens
+    (a conflict, an interrupt); raise when the edits conflict with a later
+    patch or change what it makes of them."""
     head = git("rev-parse", "HEAD", cwd=work).stdout.strip()
     subject = git("log", "-1", "--format=%s", target, cwd=work).stdout.strip()
     fixup = git(
         *IDENTITY, "commit-tree", tree, "-p", head, "-m", f"fixup! {subject}", cwd=work
     ).stdout.strip()
+    touched = git(
+        "diff", "--name-only", "--no-renames", f"{target}^", fixup, cwd=work
+    ).stdout.splitlines()
     env = {**os.environ, "GIT_SEQUENCE_EDITOR": "true", "GIT_EDITOR": "true"}
-    with gitutil.scratch_worktree(work, commit=fixup) as scratch:
+    left = (
+        f"the edits are left uncommitted in {work}, as they were (nothing was changed)"
+    )
+    with tempfile.TemporaryDirectory(prefix="patchset-fold-") as tmp:
+        clone = Path(tmp) / "clone"
+        git(
+            "clone",
+            "--quiet",
+            "--shared",
+            "--no-checkout",
+            str(work),
+            str(clone),
+            cwd=work,
+        )
+        git("config", "core.sparseCheckout", "true", cwd=clone)
+        sparse = clone / ".git" / "info" / "sparse-checkout"
+        sparse.parent.mkdir(parents=True, exist_ok=True)
+        sparse.write_text("".join(f"/{path}\n" for path in touched))
+        git("checkout", "--quiet", "--detach", fixup, cwd=clone)
         proc = git(
             *IDENTITY,
             "rebase",
@@ -393,22 +416,30 @@ def _fold(work: Path, target: str, tree: str) -> str:
             "-i",
             "--autosquash",
             f"{target}^",
-            cwd=scratch,
+            cwd=clone,
             env=env,
             check=False,
         )
         if proc.returncode:
             raise PatchsetError(
                 f"folding the edits into {target[:12]} conflicts with a later "
-                f"patch; the edits are left uncommitted in {work}, as they "
-                f"were (nothing was changed).\n{proc.stdout}{proc.stderr}"
+                f"patch; {left}.\n{proc.stdout}{proc.stderr}"
             )
-        folded = git("rev-parse", "HEAD", cwd=scratch).stdout.strip()
+        git("branch", "--quiet", "patchset-folded", "HEAD", cwd=clone)
+        folded = git("rev-parse", "HEAD", cwd=clone).stdout.strip()
+        git(
+            "fetch",
+            "--quiet",
+            "--no-tags",
+            "--no-write-fetch-head",
+            str(clone),
+            "refs/heads/patchset-folded",
+            cwd=work,
+        )
     if git("rev-parse", f"{folded}^{{tree}}", cwd=work).stdout.strip() != tree:
         raise PatchsetError(
             f"folding the edits into {target[:12]} changes what a later patch "
-            f"makes of them; the edits are left uncommitted in {work}, as they "
-            "were (nothing was changed)"
+            f"makes of them; {left}"
         )
     return folded
 

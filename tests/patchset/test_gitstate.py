@@ -94,10 +94,10 @@ def test_every_git_operation_in_progress_is_named(
         assert gitutil.operation_in_progress(tiny, allow_bisect=True) is None
 
 
-def stop_rebase_at_patch_1(work: Path) -> None:
+def stop_rebase_at_patch_1(tree: Path) -> None:
     """The user's `git rebase -i patchset-base`, stopped to edit patch 1."""
-    start(work, "rebase", "-i", "patchset-base")
-    assert (work / ".git" / "rebase-merge").is_dir()
+    start(tree, "rebase", "-i", "patchset-base")
+    assert (tree / ".git" / "rebase-merge").is_dir()
 
 
 def test_refresh_and_worktree_refuse_an_interactive_rebase(
@@ -169,15 +169,18 @@ def test_interrupted_refresh_leaves_no_rebase_and_the_edit(
     """Ctrl-C while the edits are folded (a pre-rebase hook sends it)."""
     before, overlay = series_files(project), overlay_files(project)
     head = git("rev-parse", "HEAD", cwd=work)
-    hook = work / ".git" / "hooks" / "pre-rebase"
-    hook.write_text("#!/bin/sh\nkill -INT 0\nsleep 5\n")
-    hook.chmod(0o755)
+    hooks = work.parent / "hooks"
+    hooks.mkdir()
+    (hooks / "pre-rebase").write_text("#!/bin/sh\nkill -INT 0\nsleep 5\n")
+    (hooks / "pre-rebase").chmod(0o755)
+    env = {**project.env, "GIT_CONFIG_COUNT": "1"}
+    env.update(GIT_CONFIG_KEY_0="core.hooksPath", GIT_CONFIG_VALUE_0=str(hooks))
     (work / PROBE).write_text((work / PROBE).read_text().replace("42", "43"))
     result = subprocess.run(
         [sys.executable, str(project.root / "scripts" / "patchset")]
         + ["refresh", "1", "--vllm-src", str(work)],
         cwd=project.root,
-        env=project.env,
+        env=env,
         capture_output=True,
         text=True,
         start_new_session=True,  # the signal reaches this run only
@@ -199,7 +202,8 @@ def test_refresh_next_with_only_uncommitted_edits_says_commit_first(
     result = project.patchset("refresh", "3", "--vllm-src", str(work))
     assert result.returncode == 1
     assert "there is none" in result.stderr and "git commit" in result.stderr
-    assert "Fold each" not in result.stderr and "refresh 3`" not in result.stderr
+    assert "Fold each" not in result.stderr
+    assert "for one commit that is a new patch" not in result.stderr
     assert series_files(project) == before
 
 

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         return bisect.abort(str(exc).splitlines()[0])
     except KeyboardInterrupt:
         return bisect.abort("interrupted", bisect.INTERRUPTED)
-    except Exception as exc:  # noqa: BLE001: no exception may read as "bad"
+    except Exception as exc:  # noqa: BLE001 (no exception may read as bad)
         if os.environ.get("PATCHSET_DEBUG"):
             raise
         return bisect.abort(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
