@@ -34,8 +34,7 @@ INTERRUPTED = 130
 def abort(why: str, code: int = ABORT) -> int:
     """Say that the bisect must stop, and return `code` (>= 128)."""
     print(
-        f"bisect-run: {why}; nothing can be judged, so this aborts the "
-        f"bisect ({code})",
+        f"bisect-run: {why}; nothing can be judged, so this aborts the bisect ({code})",
         file=sys.stderr,
     )
     return code

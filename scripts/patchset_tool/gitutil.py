@@ -11,6 +11,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from .bases import Base, release_order
 from .errors import PatchsetError
 from .series import Patch
 
@@ -169,6 +170,58 @@ def require_clean_checkout(src: Path, allow_bisect: bool = False) -> str:
             f"{src}: has uncommitted changes; commit or stash them first:\n{dirty}"
         )
     return git("rev-parse", "HEAD", cwd=src).stdout.strip()
+
+
+VERSION_LINE = re.compile(r"""__version__\s*=.*?['"]([^'"]+)['"]""")
+RELEASE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(.*)$")
+
+
+def checkout_version(src: Path) -> tuple[str, str] | None:
+    """(vLLM version, where it was read) of the checkout `src`: its
+    vllm/_version.py (setuptools-scm writes it on a build), else a release
+    tag at HEAD; None when neither says."""
+    version_file = src / "vllm" / "_version.py"
+    if version_file.is_file():
+        found = VERSION_LINE.search(version_file.read_text(errors="replace"))
+        if found:
+            return found.group(1), "vllm/_version.py"
+    tags = git(
+        "tag", "--points-at", "HEAD", "--list", "v[0-9]*", cwd=src, check=False
+    ).stdout.split()
+    if tags:
+        return tags[0].removeprefix("v"), f"tag {tags[0]} at HEAD"
+    return None
+
+
+def other_release(src: Path, base: Base) -> str | None:
+    """Why the checkout `src` is not of `base`'s release line, or None when
+    it is (or nothing says which it is). A release (`0.33.0`, `0.35.0rc1`)
+    must be `base`'s; a development version (`0.34.1.dev12+g...`, what
+    setuptools-scm writes after the tag v0.34.0) must come after `base`
+    and before any other declared base."""
+    found = checkout_version(src)
+    if found is None:
+        return None
+    version, where = found
+    match = RELEASE.match(version)
+    if match is None:
+        return None
+    numbers = tuple(int(n) for n in match.groups()[:3])
+    release = ".".join(map(str, numbers))
+    dev = ".dev" in match.group(4)
+    if not dev and release == base.version:
+        return None
+    newer = [b for b in release_order() if b.version_key > base.version_key]
+    if (
+        dev
+        and numbers > base.version_key
+        and not any(b.version_key < numbers for b in newer)
+    ):
+        return None
+    return (
+        f"{src} is vLLM {version} ({where}), not a checkout of vLLM "
+        f"{base.version}, the release this series is for"
+    )
 
 
 def refuse_applied(src: Path, patches: list[Patch]) -> None:

@@ -323,7 +323,7 @@ def _snapshot(work: Path) -> str:
     with tempfile.TemporaryDirectory(prefix="patchset-index-") as tmp:
         scratch = Path(tmp) / "index"
         if index.is_file():
-            shutil.copyfile(index, scratch)
+            shutil.copy2(index, scratch)  # its mtime: git's racy-clean check
         env = {**os.environ, "GIT_INDEX_FILE": str(scratch)}
         git("add", "--update", cwd=work, env=env)
         return git("write-tree", cwd=work, env=env).stdout.strip()

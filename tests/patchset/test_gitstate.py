@@ -100,10 +100,13 @@ def stop_rebase_at_patch_1(tree: Path) -> None:
     assert (tree / ".git" / "rebase-merge").is_dir()
 
 
-def test_refresh_and_worktree_refuse_an_interactive_rebase(
+def test_refresh_and_worktree_refuse_amid_the_users_git_operations(
     project: Project,
     work: Path,  # noqa: F811
 ) -> None:
+    """An interactive rebase stopped at patch 1, then an unresolved
+    cherry-pick: the harm was conflict markers folded into patch 1 (and the
+    overlay) with exit 0, or the user's rebase aborted and their edit lost."""
     before, overlay = series_files(project), overlay_files(project)
     stop_rebase_at_patch_1(work)
     (work / PROBE).write_text((work / PROBE).read_text().replace("42", "43"))
@@ -113,17 +116,11 @@ def test_refresh_and_worktree_refuse_an_interactive_rebase(
     assert "Traceback" not in result.stderr
     again = project.patchset("worktree", "--dest", str(work))
     assert again.returncode == 1 and "middle of a rebase" in again.stderr
-    assert series_files(project) == before and overlay_files(project) == overlay
     assert (work / ".git" / "rebase-merge").is_dir()  # the user's, left alone
     assert "ANSWER = 43" in (work / PROBE).read_text()
+    git("checkout", "--quiet", "--", PROBE, cwd=work)
+    git("rebase", "--abort", cwd=work)
 
-
-def test_refresh_refuses_an_unresolved_cherry_pick(
-    project: Project,
-    work: Path,  # noqa: F811
-) -> None:
-    """The harm: conflict markers folded into patch 1 with exit 0."""
-    before, overlay = series_files(project), overlay_files(project)
     git("checkout", "--quiet", "-b", "other", "HEAD~1", cwd=work)
     (work / INIT).write_text((work / INIT).read_text() + "# elsewhere\n")
     git("commit", "--quiet", "-am", "elsewhere", cwd=work)
@@ -143,26 +140,7 @@ def test_refresh_refuses_an_unresolved_cherry_pick(
     assert project.patchset("check").returncode == 0
 
 
-def test_refresh_folds_tracked_edits_only(
-    project: Project,
-    work: Path,  # noqa: F811
-) -> None:
-    (work / PROBE).write_text((work / PROBE).read_text().replace("42", "43"))
-    (work / "notes.txt").write_text("my notes\n")
-    (work / (PROBE + ".orig")).write_text("ANSWER = 42\n")
-    result = project.patchset("refresh", "1", "--vllm-src", str(work))
-    assert result.returncode == 0, result.stderr
-    assert "notes.txt" in result.stdout and "not folded" in result.stdout
-    text = "".join(series_files(project).values())
-    assert "+ANSWER = 43" in text
-    assert "notes.txt" not in text and ".orig" not in text
-    assert not (project.overlay() / "notes.txt").exists()
-    assert (work / "notes.txt").read_text() == "my notes\n"  # left alone
-    assert git("status", "--porcelain", "--untracked-files=no", cwd=work) == ""
-    assert project.patchset("check").returncode == 0
-
-
-def test_interrupted_refresh_leaves_no_rebase_and_the_edit(
+def test_interrupted_refresh_changes_nothing_then_folds_tracked_edits_only(
     project: Project,
     work: Path,  # noqa: F811
 ) -> None:
@@ -192,8 +170,23 @@ def test_interrupted_refresh_leaves_no_rebase_and_the_edit(
     assert "ANSWER = 43" in (work / PROBE).read_text()
     assert series_files(project) == before and overlay_files(project) == overlay
 
+    # Then, not interrupted: tracked edits are folded, untracked files not.
+    (work / "notes.txt").write_text("my notes\n")
+    (work / (PROBE + ".orig")).write_text("ANSWER = 42\n")
+    result = project.patchset("refresh", "1", "--vllm-src", str(work))
+    assert result.returncode == 0, result.stderr
+    assert "notes.txt" in result.stdout and "not folded" in result.stdout
+    text = "".join(series_files(project).values())
+    assert "+ANSWER = 43" in text
+    assert "notes.txt" not in text and ".orig" not in text
+    assert not (project.overlay() / "notes.txt").exists()
+    assert (project.overlay() / PROBE).read_text().endswith("ANSWER = 43\n")
+    assert (work / "notes.txt").read_text() == "my notes\n"  # left alone
+    assert git("status", "--porcelain", "--untracked-files=no", cwd=work) == ""
+    assert project.patchset("check").returncode == 0
 
-def test_refresh_next_with_only_uncommitted_edits_says_commit_first(
+
+def test_refresh_next_needs_a_commit_then_makes_it_a_patch(
     project: Project,
     work: Path,  # noqa: F811
 ) -> None:
@@ -206,12 +199,6 @@ def test_refresh_next_with_only_uncommitted_edits_says_commit_first(
     assert "for one commit that is a new patch" not in result.stderr
     assert series_files(project) == before
 
-
-def test_refresh_next_turns_the_new_commit_into_a_patch(
-    project: Project,
-    work: Path,  # noqa: F811
-) -> None:
-    (work / PROBE).write_text((work / PROBE).read_text().replace("42", "44"))
     git("commit", "--quiet", "-am", "[Model] Change the probe's answer", cwd=work)
     (work / INIT).write_text((work / INIT).read_text() + "# folded too\n")
     result = project.patchset("refresh", "3", "--vllm-src", str(work))
@@ -251,3 +238,46 @@ def test_worktree_dest_relative_with_a_folder(
         ".wt.lock",
         "wt",
     ]
+
+
+@pytest.mark.parametrize(
+    "version, base, refused",
+    [
+        ("0.34.0", "0.34.0", False),
+        ("0.34.1.dev12+g62d4bc3c7", "0.34.0", False),
+        ("0.33.0", "0.34.0", True),
+        ("0.35.0rc1", "0.34.0", True),
+        ("0.33.1.dev3+gabc", "0.34.0", True),
+        ("0.34.1.dev3+gabc", "0.33.0", True),
+    ],
+)
+def test_a_checkout_of_another_release_is_named(
+    tiny: Path, version: str, base: str, refused: bool
+) -> None:
+    from patchset_tool import bases
+
+    (tiny / "vllm").mkdir()
+    (tiny / "vllm" / "_version.py").write_text(f"__version__ = version = '{version}'\n")
+    why = gitutil.other_release(tiny, bases.get_base(base))
+    assert (why is not None) == refused, why
+    if refused:
+        assert f"is vLLM {version} (vllm/_version.py)" in str(why)
+
+
+def test_apply_refuses_a_checkout_of_another_release(
+    project: Project,
+    checkout: Path,  # noqa: F811
+) -> None:
+    (checkout / "vllm" / "_version.py").write_text("__version__ = '0.1.0'\n")
+    git("add", "--all", cwd=checkout)
+    git("commit", "--quiet", "-m", "an old release", cwd=checkout)
+    before = git("rev-parse", "HEAD", cwd=checkout)
+    result = project.patchset("apply", "--vllm-src", str(checkout))
+    assert result.returncode == 1
+    assert "is vLLM 0.1.0 (vllm/_version.py)" in result.stderr
+    assert git("rev-parse", "HEAD", cwd=checkout) == before
+    forced = project.patchset(
+        "apply", "--check", "--other-release", "--vllm-src", str(checkout)
+    )
+    assert forced.returncode == 0, forced.stderr
+    assert "--other-release" in forced.stdout
