@@ -14,7 +14,6 @@ for another.
 """
 
 import contextlib
-import os
 import re
 import shutil
 import tempfile
@@ -24,7 +23,7 @@ from pathlib import Path
 from . import apply, envmgr, paths
 from .bases import Base, declared_differences, declared_same, load_bases
 from .digests import git_blob_id
-from .distinfo import SITE_VAR, InstalledVllm, check_base, default_install
+from .distinfo import InstalledVllm, check_base, default_install
 from .errors import PatchsetError
 from .series import Patch, Series, read_series
 
@@ -104,7 +103,7 @@ def _check_base_files(series: Series) -> str:
     to the installed base files (RECORD-verified; when an environment
     exists) and compare the result with the overlay."""
     base = series.base
-    if not os.environ.get(SITE_VAR) and envmgr.env_python(base, require=False) is None:
+    if envmgr.env_python(base, require=False) is None:
         return "base files: not verified (no managed environment yet)"
     install = default_install(base)
     with base_files(series, install) as root:
