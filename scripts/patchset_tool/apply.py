@@ -94,11 +94,13 @@ def apply_series_in(root: Path, series: Series) -> None:
     """Apply `series` to the copy of vLLM's files under `root` (which
     holds `vllm/`) and prove the result equals the base's overlay; raise
     naming the patch, file and hunk that fail."""
-    _apply_patches(series, root)
+    apply_patches(series, root)
     _compare_with_overlay(series, root)
 
 
-def _apply_patches(series: Series, staging: Path) -> None:
+def apply_patches(series: Series, staging: Path) -> None:
+    """`git apply` each patch of `series`, in order, to the files under
+    `staging`, as patch(1) would; raise naming the patch, file and hunk."""
     env = gitutil.outside_repo_env(staging)
     kill_after = os.environ.get(KILL_AFTER_VAR)
     for number, patch in enumerate(series.patches, 1):
@@ -289,11 +291,21 @@ def report_tree(base: Base, dest: Path) -> int:
     return 1
 
 
-def apply_to_checkout(series: Series, src: Path, check: bool) -> tuple[int, float]:
+def apply_to_checkout(
+    series: Series, src: Path, check: bool, other_release: bool = False
+) -> tuple[int, float]:
     """`git am -3` `series` onto a vLLM checkout (check: in a scratch
-    worktree, leaving `src` alone); return (patches, seconds)."""
+    worktree, leaving `src` alone); return (patches, seconds). A checkout
+    of another release is refused unless `other_release`."""
     start = time.monotonic()
     gitutil.require_clean_checkout(src)
+    if why := gitutil.other_release(src, series.base):
+        if not other_release:
+            raise PatchsetError(
+                f"{why}; pass --base with its release, or --other-release to "
+                "three-way merge the series onto it anyway (nothing was changed)"
+            )
+        print(f"note: {why}; merging the series onto it (--other-release)")
     if check:
         with gitutil.scratch_worktree(src) as scratch:
             gitutil.am_series(scratch, series.patches)

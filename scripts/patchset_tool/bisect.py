@@ -2,8 +2,12 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`bisect-run`: the script for `git bisect run` against vLLM main.
 
-Exit codes follow git bisect: 0 good, 1 bad, 125 skip (the series does not
-apply at this commit, or vLLM cannot be imported there). The checkout's
+Exit codes follow git bisect: only a test verdict is 0 (good) or 1 (bad);
+125 skips a commit that cannot be judged (the series does not apply, vLLM
+cannot be imported there, no declared release precedes it, pytest could
+not run the tests); ABORT (255), or 128+N after signal N, stops the bisect
+when nothing can be judged (bad input, a dirty checkout, a failed set-up,
+a tool error, an interrupt). The checkout's
 Python runs over the compiled extensions of the release it belongs to (the
 newest declared base not newer than the commit), linked into a scratch
 worktree as with vLLM's precompiled wheels, so this bisects Python
@@ -12,6 +16,7 @@ changes, which is what the series touches.
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from . import envmgr, gitutil, sourcetree
@@ -21,6 +26,33 @@ from .errors import PatchsetError
 from .series import Series
 
 SKIP = 125
+ABORT = 255
+"""`git bisect run` stops the bisect on an exit code from 128 to 255."""
+INTERRUPTED = 130
+
+
+def abort(why: str, code: int = ABORT) -> int:
+    """Say that the bisect must stop, and return `code` (>= 128)."""
+    print(
+        f"bisect-run: {why}; nothing can be judged, so this aborts the bisect ({code})",
+        file=sys.stderr,
+    )
+    return code
+
+
+def verdict(pytest_rc: int) -> int:
+    """What `git bisect run` is told for pytest's exit code: 0 and 1 are
+    verdicts (all passed; some failed); a usage error (4) would recur at
+    every commit and a signal is an interrupt, so both abort; anything else
+    (interrupted or collection errors (2), an internal error (3), no tests
+    (5)) is a commit that cannot be judged: skip it."""
+    if pytest_rc in (0, 1):
+        return pytest_rc
+    if pytest_rc == 4:
+        return ABORT
+    if pytest_rc < 0:
+        return 128 - pytest_rc
+    return SKIP
 
 
 def release_of(src: Path) -> Base | None:
@@ -48,7 +80,7 @@ def bisect_run(series: Series, src: Path, pytest_args: list[str]) -> int:
     """Apply `series` at HEAD of `src` in a scratch worktree and run its
     model tests there, over the compiled extensions of the release HEAD
     belongs to; return 0, 1 or 125."""
-    head = gitutil.require_clean_checkout(src)[:12]
+    head = gitutil.require_clean_checkout(src, allow_bisect=True)[:12]
     release = release_of(src)
     if release is None:
         print(f"bisect-run: {head}: no declared release precedes it, skipping (125)")
@@ -95,6 +127,6 @@ def bisect_run(series: Series, src: Path, pytest_args: list[str]) -> int:
             *pytest_args,
         ]
         result = subprocess.run(command, cwd=scratch / "tests", env=env).returncode
-    verdict = 0 if result == 0 else 1 if result in (1, 2) else SKIP
-    print(f"bisect-run: {head}: pytest exited {result}; reporting {verdict}")
-    return verdict
+    told = verdict(result)
+    print(f"bisect-run: {head}: pytest exited {result}; reporting {told}")
+    return told

@@ -13,12 +13,17 @@ every base's overlay, so that a fix made for one base cannot be forgotten
 for another.
 """
 
+import contextlib
 import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
-from . import envmgr, paths
+from . import apply, envmgr, paths
 from .bases import Base, declared_differences, declared_same, load_bases
 from .digests import git_blob_id
-from .distinfo import default_install
+from .distinfo import InstalledVllm, check_base, default_install
 from .errors import PatchsetError
 from .series import Patch, Series, read_series
 
@@ -78,17 +83,36 @@ def _check_results(
     return problems
 
 
+@contextlib.contextmanager
+def base_files(series: Series, install: InstalledVllm) -> Iterator[Path]:
+    """A scratch folder holding copies of the base files `series` modifies,
+    after `apply`'s own checks of them (`check_base`: each matches RECORD,
+    none outside the wheel is modified, none the series creates exists);
+    removed on exit. `apply.apply_series_in` there is `apply` itself."""
+    existing = check_base(install, series)
+    with tempfile.TemporaryDirectory(prefix="patchset-check-") as tmp:
+        root = Path(tmp)
+        for rel in existing:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(install.site / rel, root / rel)
+        yield root
+
+
 def _check_base_files(series: Series) -> str:
-    """Verify base files against RECORD when an environment exists."""
+    """Apply the series as `apply` does, with its parser and `git apply`,
+    to the installed base files (RECORD-verified; when an environment
+    exists) and compare the result with the overlay."""
     base = series.base
     if envmgr.env_python(base, require=False) is None:
         return "base files: not verified (no managed environment yet)"
     install = default_install(base)
-    touched = sorted(
-        p for p in series.touched if p.startswith("vllm/") and p not in series.created
+    with base_files(series, install) as root:
+        apply.apply_series_in(root, series)
+    modified = len(series.touched) - len(series.created)
+    return (
+        f"base files: {modified} match RECORD of vllm {install.version}, and "
+        "the series applies to them as `apply` applies it, giving the overlay"
     )
-    install.verify(touched)
-    return f"base files: {len(touched)} match RECORD of vllm {install.version}"
 
 
 def check_base_series(base: Base) -> tuple[Series, list[str]]:

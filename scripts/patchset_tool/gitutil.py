@@ -11,6 +11,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from .bases import Base, release_order
 from .errors import PatchsetError
 from .series import Patch
 
@@ -101,25 +102,126 @@ def explain_failure(patch: Patch, output: str) -> str:
     return f"{patch.name}: does not apply"
 
 
-def require_clean_checkout(src: Path) -> str:
-    """HEAD of a clean vLLM git checkout; raise if it is not one."""
+OPERATIONS = (
+    ("rebase-merge", "a rebase (`git rebase`, `-i` or not)", "rebase"),
+    ("rebase-apply/applying", "a `git am`", "am"),
+    ("rebase-apply", "a rebase", "rebase"),
+    ("MERGE_HEAD", "a merge", "merge"),
+    ("CHERRY_PICK_HEAD", "a cherry-pick", "cherry-pick"),
+    ("REVERT_HEAD", "a revert", "revert"),
+    ("sequencer", "a cherry-pick or revert sequence", "cherry-pick"),
+    ("BISECT_LOG", "a bisect", "bisect"),
+)
+"""(state file in the git dir, the operation it shows, its git command);
+the first that exists names the operation."""
+
+
+def operation_in_progress(repo: Path, allow_bisect: bool = False) -> str | None:
+    """A sentence naming the git operation `repo`'s work tree is in the
+    middle of (rebase, merge, cherry-pick, revert, bisect, am, or
+    unresolved conflicts) and how to end it; None when there is none. The
+    state files are looked up where git keeps them for this work tree
+    (`git rev-parse --git-path`)."""
+    args = [arg for name, _, _ in OPERATIONS for arg in ("--git-path", name)]
+    found = git("rev-parse", *args, cwd=repo).stdout.splitlines()
+    for (name, what, command), where in zip(OPERATIONS, found):
+        if allow_bisect and command == "bisect":
+            continue
+        if (repo / where).exists():
+            end = (
+                "`git bisect reset`"
+                if command == "bisect"
+                else f"`git {command} --continue` or `git {command} --abort`"
+            )
+            return (
+                f"{repo} is in the middle of {what} ({name} in its git dir); "
+                f"end it first ({end})"
+            )
+    unmerged = git("ls-files", "--unmerged", cwd=repo).stdout.splitlines()
+    conflicted = sorted({line.split("\t", 1)[1] for line in unmerged if "\t" in line})
+    if conflicted:
+        return (
+            f"{repo} has unresolved conflicts in {', '.join(conflicted)}; "
+            "resolve them (and `git add` them) or discard them first"
+        )
+    return None
+
+
+def require_no_operation(repo: Path, allow_bisect: bool = False) -> None:
+    """Raise naming the git operation `repo` is in the middle of, if any."""
+    if message := operation_in_progress(repo, allow_bisect):
+        raise PatchsetError(f"{message} (nothing was changed)")
+
+
+def require_clean_checkout(src: Path, allow_bisect: bool = False) -> str:
+    """HEAD of a clean vLLM git checkout; raise if it is not one (not the
+    top of a checkout, in the middle of a git operation, or with
+    uncommitted changes). `allow_bisect`: a bisect in progress is fine
+    (`bisect-run` runs inside one)."""
     if not src.is_dir():
         raise PatchsetError(f"{src}: no such directory")
     top = git("rev-parse", "--show-toplevel", cwd=src, check=False)
     if top.returncode or Path(top.stdout.strip()).resolve() != src.resolve():
         raise PatchsetError(f"{src}: not the top of a git checkout")
-    git_dir = Path(git("rev-parse", "--absolute-git-dir", cwd=src).stdout.strip())
-    for marker in ("rebase-apply", "rebase-merge", "MERGE_HEAD"):
-        if (git_dir / marker).exists():
-            raise PatchsetError(
-                f"{src}: a git am/rebase/merge is in progress; finish or abort it"
-            )
+    require_no_operation(src, allow_bisect)
     dirty = git("status", "--porcelain", "--untracked-files=no", cwd=src).stdout
     if dirty.strip():
         raise PatchsetError(
             f"{src}: has uncommitted changes; commit or stash them first:\n{dirty}"
         )
     return git("rev-parse", "HEAD", cwd=src).stdout.strip()
+
+
+VERSION_LINE = re.compile(r"""__version__\s*=.*?['"]([^'"]+)['"]""")
+RELEASE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(.*)$")
+
+
+def checkout_version(src: Path) -> tuple[str, str] | None:
+    """(vLLM version, where it was read) of the checkout `src`: its
+    vllm/_version.py (setuptools-scm writes it on a build), else a release
+    tag at HEAD; None when neither says."""
+    version_file = src / "vllm" / "_version.py"
+    if version_file.is_file():
+        found = VERSION_LINE.search(version_file.read_text(errors="replace"))
+        if found:
+            return found.group(1), "vllm/_version.py"
+    tags = git(
+        "tag", "--points-at", "HEAD", "--list", "v[0-9]*", cwd=src, check=False
+    ).stdout.split()
+    if tags:
+        return tags[0].removeprefix("v"), f"tag {tags[0]} at HEAD"
+    return None
+
+
+def other_release(src: Path, base: Base) -> str | None:
+    """Why the checkout `src` is not of `base`'s release line, or None when
+    it is (or nothing says which it is). A release (`0.33.0`, `0.35.0rc1`)
+    must be `base`'s; a development version (`0.34.1.dev12+g...`, what
+    setuptools-scm writes after the tag v0.34.0) must come after `base`
+    and before any other declared base."""
+    found = checkout_version(src)
+    if found is None:
+        return None
+    version, where = found
+    match = RELEASE.match(version)
+    if match is None:
+        return None
+    numbers = tuple(int(n) for n in match.groups()[:3])
+    release = ".".join(map(str, numbers))
+    dev = ".dev" in match.group(4)
+    if not dev and release == base.version:
+        return None
+    newer = [b for b in release_order() if b.version_key > base.version_key]
+    if (
+        dev
+        and numbers > base.version_key
+        and not any(b.version_key < numbers for b in newer)
+    ):
+        return None
+    return (
+        f"{src} is vLLM {version} ({where}), not a checkout of vLLM "
+        f"{base.version}, the release this series is for"
+    )
 
 
 def refuse_applied(src: Path, patches: list[Patch]) -> None:
@@ -203,18 +305,38 @@ class scratch_worktree:
     def __enter__(self) -> Path:
         self.path.rmdir()
         args = ["-b", self.branch] if self.branch else ["--detach"]
-        git(
-            "worktree",
-            "add",
-            "--quiet",
-            *args,
-            str(self.path),
-            self.commit,
-            cwd=self.src,
-        )
+        try:
+            git(
+                "worktree",
+                "add",
+                "--quiet",
+                *args,
+                str(self.path),
+                self.commit,
+                cwd=self.src,
+            )
+        finally:
+            self.admin = self._admin_dir()
         return self.path
 
+    def _admin_dir(self) -> Path | None:
+        """The folder in `src`'s git dir that registers this worktree (what
+        `git worktree add` wrote there), read from its `.git` file."""
+        link = self.path / ".git"
+        try:
+            text = link.read_text().strip()
+        except OSError:
+            return None
+        if not text.startswith("gitdir: "):
+            return None
+        admin = Path(text.removeprefix("gitdir: "))
+        return admin if admin.is_absolute() else (self.path / admin).resolve()
+
     def __exit__(self, *exc: object) -> None:
+        # Only this worktree: never `git worktree prune`, which would also
+        # unregister the user's own worktrees whose folders are not there.
         git("worktree", "remove", "--force", str(self.path), cwd=self.src, check=False)
         shutil.rmtree(self.path, ignore_errors=True)
-        git("worktree", "prune", cwd=self.src, check=False)
+        admin = getattr(self, "admin", None)
+        if admin is not None and admin.parent.name == "worktrees":
+            shutil.rmtree(admin, ignore_errors=True)

@@ -25,6 +25,8 @@ MBOX_FROM = re.compile(r"^From [0-9a-f]{40} Mon Sep 17 00:00:00 2001$")
 PATCH_NAME = re.compile(r"^\d{4}-[A-Za-z0-9._-]+\.patch$")
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)")
+AUTHOR = re.compile(r"^[^<>\s][^<>]*<[^<>@\s]+@[^<>\s]+>$")
+"""A `From:` header `git am` takes: `Name <user@host>`."""
 NAMED_PATH = re.compile(
     r"^(?:--- |\+\+\+ |rename from |rename to |copy from |copy to )(.*?)\t?$"
 )
@@ -241,7 +243,14 @@ def parse_patch(path: Path) -> Patch:
     for required in ("from", "subject"):
         if required not in headers:
             raise PatchsetError(f"{path}: no {required.title()}: header")
+    if not AUTHOR.match(headers["from"]):
+        raise PatchsetError(
+            f"{path}: From: '{headers['from']}' is not 'Name <user@host>'; "
+            "`git am` takes no patch without its author"
+        )
     subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", headers["subject"])
+    if not subject.strip():
+        raise PatchsetError(f"{path}: empty Subject: header")
     body_start = index + 1
     try:
         separator = lines.index("---", body_start)

@@ -22,17 +22,23 @@ hunks; once the maintainer resolves it and finishes the rebase, `refresh`
 writes the new base's series and overlay.
 """
 
+import os
+import re
 import shutil
+import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from . import gitutil, paths, trees, upstream
+from .apply import apply_patches
 from .bases import Base
+from .check import base_files
 from .digests import git_blob_id, record_digest
 from .distinfo import check_base, default_install
 from .errors import PatchsetError
 from .gitutil import IDENTITY, git
-from .series import Patch, Series
+from .series import Patch, Series, load_series
 
 BASE_TAG = "patchset-base"
 # In .git/ of a work tree the tool made: the id of the series its commits
@@ -139,9 +145,11 @@ def create(dest: Path, base: Base) -> tuple[int, bool]:
     and one commit per patch on top. A work tree the tool made there
     before is reused when its commits still hold the series. Return (the
     number of patches, whether it was reused)."""
+    dest = Path(os.path.abspath(dest))  # git runs in other folders
     series = Series.load(base)
     patches = series.patches
     if dest.is_dir() and is_own_worktree(dest):
+        gitutil.require_no_operation(dest)
         _refuse_stale(dest, series)
         try:
             series_commits(dest, patches)
@@ -172,6 +180,7 @@ def rebase(source: Base, onto: Base, dest: Path) -> list[str]:
     onto `onto`'s tag. Return the subjects now on the new base; on a
     conflict, leave the rebase stopped in `dest` and raise naming the
     patch, the files and their conflicting hunks."""
+    dest = Path(os.path.abspath(dest))  # git runs in other folders
     patches = Series.load(source).patches
     if onto.series_file.exists():
         raise PatchsetError(
@@ -262,11 +271,13 @@ def write_new_series(work: Path, base: Base) -> list[str]:
     return names
 
 
-def series_commits(work: Path, patches: list[Patch], new: int = 0) -> list[str]:
-    """The commits of `work` that hold the series, checked by subject,
-    followed by `new` commits for patches not yet in the series."""
+def series_commits(
+    work: Path, patches: list[Patch], new: int = 0, head: str = "HEAD"
+) -> list[str]:
+    """The commits of `work` up to `head` that hold the series, checked by
+    subject, followed by `new` commits for patches not yet in the series."""
     log = git(
-        "log", "--reverse", "--format=%H %s", f"{BASE_TAG}..HEAD", cwd=work
+        "log", "--reverse", "--format=%H %s", f"{BASE_TAG}..{head}", cwd=work
     ).stdout.splitlines()
     commits = [line.split(" ", 1) for line in log]
     subjects = [c[1] if len(c) > 1 else "" for c in commits]
@@ -278,6 +289,15 @@ def series_commits(work: Path, patches: list[Patch], new: int = 0) -> list[str]:
             "its subject (`git rebase -i patchset-base` to reword or reorder)"
         )
     extra = commits[len(patches) :]
+    if new and not extra:
+        raise PatchsetError(
+            f"{work}: `refresh {len(patches) + 1}` turns one commit made after "
+            f"the series' {len(patches)} into a new patch, and there is none; "
+            "commit the new patch's changes first (`git commit` with its "
+            "subject, a body saying why and a Signed-off-by line), or fold "
+            "uncommitted edits into an existing patch with `refresh N` "
+            "(nothing was changed)"
+        )
     if len(extra) != new:
         listing = "\n  ".join(
             f"{c[0][:12]} {c[1] if len(c) > 1 else ''}" for c in extra
@@ -294,33 +314,134 @@ def series_commits(work: Path, patches: list[Patch], new: int = 0) -> list[str]:
     return [c[0] for c in commits]
 
 
-def _fold_edits(work: Path, target: str) -> None:
-    """Commit the uncommitted edits as a fixup of `target` and squash it;
-    on a conflict, restore the edits as they were and raise."""
-    head = git("rev-parse", "HEAD", cwd=work).stdout.strip()
-    git("add", "--all", cwd=work)
-    git(*IDENTITY, "commit", "--quiet", f"--fixup={target}", cwd=work)
-    env = gitutil.outside_repo_env(work)
-    env["GIT_SEQUENCE_EDITOR"] = "true"
-    proc = git(
-        *IDENTITY,
-        "rebase",
-        "--quiet",
-        "-i",
-        "--autosquash",
-        f"{target}^",
-        cwd=work,
-        env=env,
-        check=False,
-    )
-    if proc.returncode:
-        git("rebase", "--abort", cwd=work, check=False)
-        git("reset", "--quiet", "--mixed", head, cwd=work)
+def _snapshot(work: Path) -> str:
+    """The tree of `work`'s tracked files as they are on disk (staged or
+    not; a file `git add`ed counts, an untracked one never does), written
+    with a scratch index so that the user's index is left alone."""
+    index = Path(git("rev-parse", "--git-path", "index", cwd=work).stdout.strip())
+    index = index if index.is_absolute() else work / index
+    with tempfile.TemporaryDirectory(prefix="patchset-index-") as tmp:
+        scratch = Path(tmp) / "index"
+        if index.is_file():
+            shutil.copy2(index, scratch)  # its mtime: git's racy-clean check
+        env = {**os.environ, "GIT_INDEX_FILE": str(scratch)}
+        git("add", "--update", cwd=work, env=env)
+        return git("write-tree", cwd=work, env=env).stdout.strip()
+
+
+CONFLICT_MARKER = re.compile(r"^\+(<{7}|>{7}|\|{7})( |$)", re.M)
+
+
+def _refuse_unfoldable(work: Path, tree: str, base: Base) -> list[str]:
+    """The paths whose edits (HEAD to `tree`) would be folded; raise when
+    one holds conflict markers or is a file of the release that the wheel
+    does not ship (`apply` could not patch it)."""
+    changed = git(
+        "diff", "--name-only", "--no-renames", "HEAD", tree, cwd=work
+    ).stdout.splitlines()
+    if not changed:
+        return []
+    diff = git("diff", "--no-renames", "HEAD", tree, cwd=work).stdout
+    if CONFLICT_MARKER.search(diff):
+        marked = [
+            path
+            for path in changed
+            if CONFLICT_MARKER.search(
+                git("diff", "HEAD", tree, "--", path, cwd=work).stdout
+            )
+        ]
         raise PatchsetError(
-            f"folding the edits into {target[:12]} conflicts with a later "
-            f"patch; the edits are left uncommitted in {work}.\n"
-            f"{proc.stdout}{proc.stderr}"
+            f"{work}: conflict markers in {', '.join(marked)}; resolve them "
+            "before refreshing (nothing was changed)"
         )
+    record = default_install(base).record
+    outside = [
+        path
+        for path in changed
+        if path not in record
+        and git(
+            "cat-file", "-e", f"{BASE_TAG}:{path}", cwd=work, check=False
+        ).returncode
+        == 0
+    ]
+    if outside:
+        raise PatchsetError(
+            f"{work}: edits to {', '.join(outside)}, a file of the vLLM "
+            f"{base.version} source that its wheel does not ship, so `apply` "
+            "could not patch it; undo them (`git checkout -- FILE`) before "
+            "refreshing (nothing was changed)"
+        )
+    return changed
+
+
+def _fold(work: Path, target: str, tree: str) -> str:
+    """The commit that `git rebase -i --autosquash` makes of the series
+    once the edits `tree` holds are folded into `target` as a fixup. It
+    runs in a throw-away sparse clone (sharing `work`'s objects), so that
+    `work`, its branches and its git dir are left alone whatever happens
+    (a conflict, an interrupt); raise when the edits conflict with a later
+    patch or change what it makes of them."""
+    head = git("rev-parse", "HEAD", cwd=work).stdout.strip()
+    subject = git("log", "-1", "--format=%s", target, cwd=work).stdout.strip()
+    fixup = git(
+        *IDENTITY, "commit-tree", tree, "-p", head, "-m", f"fixup! {subject}", cwd=work
+    ).stdout.strip()
+    touched = git(
+        "diff", "--name-only", "--no-renames", f"{target}^", fixup, cwd=work
+    ).stdout.splitlines()
+    env = {**os.environ, "GIT_SEQUENCE_EDITOR": "true", "GIT_EDITOR": "true"}
+    left = (
+        f"the edits are left uncommitted in {work}, as they were (nothing was changed)"
+    )
+    with tempfile.TemporaryDirectory(prefix="patchset-fold-") as tmp:
+        clone = Path(tmp) / "clone"
+        git(
+            "clone",
+            "--quiet",
+            "--shared",
+            "--no-checkout",
+            str(work),
+            str(clone),
+            cwd=work,
+        )
+        git("config", "core.sparseCheckout", "true", cwd=clone)
+        sparse = clone / ".git" / "info" / "sparse-checkout"
+        sparse.parent.mkdir(parents=True, exist_ok=True)
+        sparse.write_text("".join(f"/{path}\n" for path in touched))
+        git("checkout", "--quiet", "--detach", fixup, cwd=clone)
+        proc = git(
+            *IDENTITY,
+            "rebase",
+            "--quiet",
+            "-i",
+            "--autosquash",
+            f"{target}^",
+            cwd=clone,
+            env=env,
+            check=False,
+        )
+        if proc.returncode:
+            raise PatchsetError(
+                f"folding the edits into {target[:12]} conflicts with a later "
+                f"patch; {left}.\n{proc.stdout}{proc.stderr}"
+            )
+        git("branch", "--quiet", "patchset-folded", "HEAD", cwd=clone)
+        folded = git("rev-parse", "HEAD", cwd=clone).stdout.strip()
+        git(
+            "fetch",
+            "--quiet",
+            "--no-tags",
+            "--no-write-fetch-head",
+            str(clone),
+            "refs/heads/patchset-folded",
+            cwd=work,
+        )
+    if git("rev-parse", f"{folded}^{{tree}}", cwd=work).stdout.strip() != tree:
+        raise PatchsetError(
+            f"folding the edits into {target[:12]} changes what a later patch "
+            f"makes of them; {left}"
+        )
+    return folded
 
 
 def _splice(old: Patch, fresh: str) -> str:
@@ -332,32 +453,164 @@ def _splice(old: Patch, fresh: str) -> str:
 
 def refresh(number: int, work: Path, base: Base) -> list[str]:
     """Regenerate patch `number` (1-based) and later ones from `work`;
-    return the names of the patch files that changed."""
+    return the names of the patch files that changed. All or nothing: the
+    new series is proven (applied to the RECORD-verified base files as
+    `apply` applies it, and compared with the work tree) before any file of
+    patches/ or the overlay is replaced."""
+    gitutil.require_no_operation(work)
     if not base.series_file.exists():
         return write_new_series(work, base)
     series = Series.load(base)
     patches = series.patches
     _refuse_stale(work, series)
     _refuse_unrefreshed_copies(work, series)
-    if number == len(patches) + 1:
-        return [add_patch(work, series)]
-    if not 1 <= number <= len(patches):
+    new = int(number == len(patches) + 1)
+    if not 1 <= number <= len(patches) + new:
         raise PatchsetError(f"refresh: no patch {number} (series has {len(patches)})")
-    commits = series_commits(work, patches)
-    if git("status", "--porcelain", cwd=work).stdout.strip():
-        _fold_edits(work, commits[number - 1])
-        commits = series_commits(work, patches)
-    changed = []
-    for patch, commit in list(zip(patches, commits))[number - 1 :]:
-        fresh = git(
-            "format-patch", "--full-index", "--stdout", "-1", commit, cwd=work
-        ).stdout
-        text = _splice(patch, fresh)
-        if text != patch.path.read_text():
-            patch.path.write_text(text)
-            changed.append(patch.name)
-    _finish_refresh(work, base)
+    commits = series_commits(work, patches, new=new)
+    tree = _snapshot(work)
+    head = git("rev-parse", "HEAD", cwd=work).stdout.strip()
+    if _refuse_unfoldable(work, tree, base):
+        head = _fold(work, commits[number - 1], tree)
+        commits = series_commits(work, patches, new=new, head=head)
+    with tempfile.TemporaryDirectory(prefix="patchset-refresh-") as tmp:
+        staging = Path(tmp)
+        names = [p.name for p in patches]
+        texts = {p.name: p.path.read_text() for p in patches}
+        for patch, commit in list(zip(patches, commits))[number - 1 :]:
+            fresh = git(
+                "format-patch", "--full-index", "--stdout", "-1", commit, cwd=work
+            ).stdout
+            texts[patch.name] = _splice(patch, fresh)
+        if new:
+            made = git(
+                "format-patch",
+                "--full-index",
+                "--start-number",
+                str(number),
+                "-o",
+                str(staging / "new"),
+                "-1",
+                commits[-1],
+                cwd=work,
+            ).stdout.strip()
+            names.append(Path(made).name)
+            texts[names[-1]] = Path(made).read_text()
+        for name in names:
+            (staging / name).write_text(texts[name])
+        (staging / "series").write_text("".join(n + "\n" for n in names))
+        fresh_series = Series(base, load_series(staging))
+        overlay = _verify(work, head, fresh_series)
+        writes: dict[Path, bytes | None] = {
+            base.patches / n: texts[n].encode()
+            for n in names
+            if n not in {p.name for p in patches}
+            or texts[n] != (base.patches / n).read_text()
+        }
+        if new:
+            writes[base.series_file] = (staging / "series").read_bytes()
+        writes.update(overlay)
+    changed = [n for n in names if base.patches / n in writes]
+    _replace_all(writes, lambda: _move_work(work, head))
+    if is_own_worktree(work):
+        _stamp_series(work, Series.load(base))
+    _note_strays(base, fresh_series)
+    _note_untracked(work)
     return changed
+
+
+def _verify(work: Path, head: str, series: Series) -> dict[Path, bytes | None]:
+    """Apply `series` to the installed base files as `apply` does and
+    compare each file it touches with `head` of the work tree; return the
+    overlay that follows ({copy: bytes, or None to remove})."""
+    overlay: dict[Path, bytes | None] = {}
+    with base_files(series, default_install(series.base)) as root:
+        apply_patches(series, root)
+        for path in series.touched:
+            want = _blob_at(work, head, path)
+            result = root / path
+            got = result.read_bytes() if result.is_file() else None
+            if got != want:
+                raise PatchsetError(
+                    f"{path}: the regenerated series applied to the vLLM "
+                    f"{series.base.version} base files does not give the work "
+                    f"tree's file; nothing was changed (patches/, the overlay "
+                    f"and {work} are as they were)"
+                )
+            copy = series.base.copy_of(path)
+            if want is None:
+                if copy.exists():
+                    overlay[copy] = None
+            elif not copy.is_file() or copy.read_bytes() != want:
+                overlay[copy] = want
+    return overlay
+
+
+def _blob_at(work: Path, commit: str, path: str) -> bytes | None:
+    """The bytes of `path` at `commit` (undecoded); None where it has none."""
+    proc = subprocess.run(
+        [gitutil.git_exe(), "cat-file", "blob", f"{commit}:{path}"],
+        cwd=work,
+        capture_output=True,
+        env=gitutil.git_env(),
+    )
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _move_work(work: Path, head: str) -> None:
+    """Point `work`'s branch at `head` (the folded series) with the index
+    to match; its files, which already hold the folded edits, stay."""
+    if git("rev-parse", "HEAD", cwd=work).stdout.strip() != head:
+        git("reset", "--quiet", "--mixed", head, cwd=work)
+
+
+def _replace_all(writes: dict[Path, bytes | None], last: Callable[[], None]) -> None:
+    """Write every file of `writes` (None: remove it), then run `last`; on
+    any failure or interrupt, put every file back as it was and re-raise."""
+    done: list[tuple[Path, bytes | None]] = []
+    try:
+        for target, data in writes.items():
+            old = target.read_bytes() if target.is_file() else None
+            done.append((target, old))
+            if data is None:
+                target.unlink(missing_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            temp = target.with_name(f".{target.name}.patchset-new")
+            temp.write_bytes(data)
+            os.replace(temp, target)
+        last()
+    except BaseException:
+        for target, old in reversed(done):
+            target.with_name(f".{target.name}.patchset-new").unlink(missing_ok=True)
+            if old is None:
+                target.unlink(missing_ok=True)
+            else:
+                target.write_bytes(old)
+        raise
+
+
+def _note_strays(base: Base, series: Series) -> None:
+    for stale in paths.files_under(base.overlay):
+        rel = stale.relative_to(base.overlay).as_posix()
+        if rel not in series.touched:
+            print(
+                f"note: {stale} is in no patch; left in place for you to "
+                "move into a patch or delete (`check` reports it)"
+            )
+
+
+def _note_untracked(work: Path) -> None:
+    """Untracked files are never folded into a patch; say which are there."""
+    untracked = git(
+        "ls-files", "--others", "--exclude-standard", cwd=work
+    ).stdout.splitlines()
+    if untracked:
+        shown = ", ".join(untracked[:5]) + (" ..." if len(untracked) > 5 else "")
+        print(
+            f"note: untracked files were not folded into any patch ({shown}); "
+            "`git add` one and refresh again to make it part of a patch"
+        )
 
 
 def _refuse_unrefreshed_copies(work: Path, series: Series) -> None:
@@ -380,33 +633,6 @@ def _refuse_unrefreshed_copies(work: Path, series: Series) -> None:
             "overwritten; copy them into the work tree (or restore them) "
             "first:\n  " + "\n  ".join(str(e) for e in edited)
         )
-
-
-def add_patch(work: Path, series: Series) -> str:
-    """Turn the one commit after `series` in `work` (with any uncommitted
-    edits folded in) into the next patch of the series."""
-    base, patches = series.base, series.patches
-    series_commits(work, patches, new=1)
-    if git("status", "--porcelain", cwd=work).stdout.strip():
-        git("add", "--all", cwd=work)
-        git(*IDENTITY, "commit", "--quiet", "--amend", "--no-edit", cwd=work)
-    number = len(patches) + 1
-    made = git(
-        "format-patch",
-        "--full-index",
-        "--start-number",
-        str(number),
-        "-o",
-        str(base.patches),
-        "-1",
-        "HEAD",
-        cwd=work,
-    ).stdout.strip()
-    name = Path(made).name
-    with open(base.series_file, "a") as listing:
-        listing.write(name + "\n")
-    _finish_refresh(work, base)
-    return name
 
 
 def _finish_refresh(work: Path, base: Base) -> None:

@@ -216,7 +216,7 @@ def test_rebase_conflict_stops_then_refresh_writes_the_new_series(
     # Not yet: the rebase is still in progress.
     early = ported.patchset("refresh", "1", "--base", NEW)
     assert early.returncode == 1
-    assert "a rebase is still in progress" in early.stderr
+    assert "is in the middle of a rebase" in early.stderr
 
     text = (work / MOD).read_text()
     start, end = text.index("<<<<<<<"), text.index(">>>>>>>")

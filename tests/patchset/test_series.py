@@ -100,8 +100,9 @@ def test_run_without_a_command_is_one_line_and_exit_2() -> None:
 
 def test_apply_is_imported_only_where_patches_are_applied() -> None:
     importers = {name for name, deps in import_graph().items() if "apply" in deps}
-    # `commands`: the `apply` command's module, which applies.
-    assert importers == {"commands", "runner", "testcmd", "wheel"}
+    # `commands`: the `apply` command's module, which applies; `check` and
+    # `worktree` (refresh) apply the series to the base files as `apply` does.
+    assert importers == {"check", "commands", "runner", "testcmd", "wheel", "worktree"}
 
 
 def python_files() -> list[Path]:

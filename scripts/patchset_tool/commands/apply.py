@@ -18,6 +18,11 @@ def register(subparsers: Subparsers) -> None:
     flag(parser, "--check", "verify everything, write nothing")
     flag(parser, "--force", "rebuild the patched tree even if it is up to date")
     path_option(parser, "--vllm-src", "git am -3 onto this vLLM checkout instead")
+    flag(
+        parser,
+        "--other-release",
+        "with --vllm-src: merge onto a checkout of another release (refused otherwise)",
+    )
     path_option(
         parser, "--dest", "the patched tree (default: build/<version>/vllm-patched)"
     )
@@ -26,7 +31,9 @@ def register(subparsers: Subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     base = chosen_base(args)
     if args.vllm_src:
-        return to_checkout(Series.load(base), args.vllm_src, args.check)
+        return to_checkout(
+            Series.load(base), args.vllm_src, args.check, args.other_release
+        )
     envmgr.setup(base)
     dest = None if args.check else (args.dest or base.patched_tree())
     print(apply.apply_to_package(base, dest, force=args.force))
@@ -35,10 +42,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def to_checkout(series: Series, src: Path, check: bool) -> int:
+def to_checkout(
+    series: Series, src: Path, check: bool, other_release: bool = False
+) -> int:
     """`git am -3` the series onto `src` (`check`: in a scratch worktree),
     then run the checkout's own tethering hook on the tests it adds."""
-    count, seconds = apply.apply_to_checkout(series, src, check)
+    count, seconds = apply.apply_to_checkout(series, src, check, other_release)
     verb = "would apply" if check else "applied"
     print(
         f"{verb} vLLM {series.base.version}'s {count} patches to {src} "
