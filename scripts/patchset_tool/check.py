@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import apply, envmgr, paths
+from . import apply, envmgr, paths, upstream
 from .bases import Base, declared_differences, declared_same, load_bases
 from .digests import git_blob_id
 from .distinfo import InstalledVllm, check_base, default_install
@@ -105,13 +105,21 @@ def _check_base_files(series: Series) -> str:
     base = series.base
     if envmgr.env_python(base, require=False) is None:
         return "base files: not verified (no managed environment yet)"
+    if series.source_files and not upstream.sdist_is_cached(base.version):
+        return (
+            "base files: not verified (the release's sdist, which holds "
+            f"{len(series.source_files)} of them, is not cached; `apply` fetches it)"
+        )
     install = default_install(base)
     with base_files(series, install) as root:
+        apply.write_source_files(root, series)
         apply.apply_series_in(root, series)
-    modified = len(series.touched) - len(series.created)
+    from_sdist = len(series.source_files)
+    in_wheel = len(series.touched) - len(series.created) - from_sdist
+    sdist = f" and {from_sdist} from its sdist" if from_sdist else ""
     return (
-        f"base files: {modified} match RECORD of vllm {install.version}, and "
-        "the series applies to them as `apply` applies it, giving the overlay"
+        f"base files: {in_wheel} match RECORD of vllm {install.version}{sdist}, "
+        "and the series applies to them as `apply` applies it, giving the overlay"
     )
 
 

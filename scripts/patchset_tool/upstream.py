@@ -132,6 +132,11 @@ def sdist(version: str) -> Path:
     return _fetch_sdist(version, archive, recorded, damaged=True)
 
 
+def sdist_is_cached(version: str) -> bool:
+    """Whether `sdist(version)` can answer without the network."""
+    return (paths.cache_root() / "sdists" / f"vllm-{version}.tar.gz").is_file()
+
+
 def release_files(version: str, names: list[str]) -> dict[str, bytes]:
     """The bytes of `names` (paths in vLLM's source tree) as the release's
     sha256-checked sdist holds them: the series' base files that the wheel
