@@ -114,6 +114,13 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signum)
 
 
+def stop_on_signals() -> None:
+    """Turn SIGTERM and SIGHUP into an exception where the program stands,
+    as Ctrl-C is, so that every clean-up on the way out runs."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _terminate)
+
+
 def exit_status(code: int) -> int:
     """A child's status as a shell gives it: 128+N for one killed by signal N."""
     return 128 - code if code < 0 else code
@@ -121,8 +128,7 @@ def exit_status(code: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _terminate)
+    stop_on_signals()
     try:
         parser = build_parser()
         if argv[:1] and argv[0] in report.REPORTS:
