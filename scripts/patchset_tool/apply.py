@@ -26,8 +26,9 @@ from .errors import PatchsetError
 from .series import Series
 
 STAMP = ".patchset-stamp.json"
-OWNED = (trees.MARKER, STAMP)
-"""A patched tree holds one of these (STAMP alone: made by an older tool)."""
+KIND = "patched-tree"
+"""What a patched tree's marker names (one holding STAMP alone was made
+by an older tool)."""
 KILL_AFTER_VAR = "PATCHSET_TEST_KILL_AFTER"
 
 
@@ -160,13 +161,6 @@ def _writable_parent(dest: Path) -> None:
         ) from exc
 
 
-def remove_stale_staging(dest: Path) -> None:
-    for stale in dest.parent.glob(f".{dest.name}.staging-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    for stale in dest.parent.glob(f".{dest.name}.old-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-
-
 def apply_to_package(
     base: Base,
     dest: Path | None,
@@ -196,18 +190,18 @@ def apply_to_package(
             shutil.rmtree(staging, ignore_errors=True)
         summary.seconds = time.monotonic() - start
         return summary
-    trees.refuse_foreign(dest, "--dest", OWNED)
+    claim_tree(dest)
     _writable_parent(dest)
     with trees.locked(dest):
-        remove_stale_staging(dest)  # what a killed apply left behind
+        trees.remove_stale(dest)  # what a killed apply left behind
+        claim_tree(dest)  # again: another run may have written it meanwhile
         if not force and _is_current(dest, install, series, full=True):
             _compare_with_overlay(series, dest)
             summary.up_to_date = True
         else:
-            staging = Path(
-                tempfile.mkdtemp(prefix=f".{dest.name}.staging-", dir=dest.parent)
-            )
-            try:
+            with trees.staging(dest) as work:
+                staging = work / "tree"
+                staging.mkdir()
                 _build(install, series, staging)
                 stamp = {
                     "digest": series_digest(install, series),
@@ -215,14 +209,20 @@ def apply_to_package(
                     "base": str(install.site),
                     "patches": [p.name for p in series.patches],
                 }
-                trees.mark(staging, "patched-tree")
-                (staging / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
+                trees.mark(staging, KIND)
+                (staging / STAMP).write_text(
+                    json.dumps(stamp, indent=1) + "\n", encoding="utf-8"
+                )
                 trees.write_manifest(staging)  # last: the tree is complete
-                _swap_into_place(staging, dest)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
+                _swap_into_place(staging, dest, work / "old")
     summary.seconds = time.monotonic() - start
     return summary
+
+
+def claim_tree(dest: Path) -> None:
+    """Raise unless `apply` may (re)make its patched tree at `dest` (the
+    ownership rule, `trees.claim_folder`)."""
+    trees.claim_folder(dest, "--dest", kind=KIND, legacy=(STAMP,))
 
 
 def _build(install: InstalledVllm, series: Series, staging: Path) -> None:
@@ -242,14 +242,12 @@ def write_source_files(root: Path, series: Series) -> None:
         (root / path).write_bytes(data)
 
 
-def _swap_into_place(staging: Path, dest: Path) -> None:
-    old = None
+def _swap_into_place(staging: Path, dest: Path, old: Path) -> None:
+    """Rename `staging` to `dest`; the tree it replaces goes to `old`
+    (inside the run's own staging folder, removed with it)."""
     if dest.exists():
-        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
         dest.rename(old)
     staging.rename(dest)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def is_current(
@@ -264,7 +262,7 @@ def is_current(
 def _is_current(dest: Path, install: InstalledVllm, series: Series, full: bool) -> bool:
     """`is_current` for a loaded series."""
     try:
-        stamp = json.loads((dest / STAMP).read_text())
+        stamp = json.loads((dest / STAMP).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     if stamp.get("digest") != series_digest(install, series):

@@ -4,13 +4,18 @@
 subcommands (each in its own module under `commands/`)."""
 
 import argparse
+import csv
+import errno
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import zipfile
+from types import FrameType
 
-from .commands import COMMANDS, report
-from .errors import PatchsetError
+from .commands import COMMANDS, options, report
+from .errors import PatchsetError, Terminated
 
 START_HERE = """\
 where to start:
@@ -41,48 +46,112 @@ def build_parser() -> argparse.ArgumentParser:
 EXPECTED_FAULTS = (
     OSError,
     ValueError,
+    csv.Error,
+    EOFError,
     subprocess.CalledProcessError,
+    subprocess.TimeoutExpired,
     zipfile.BadZipFile,
 )
 """Faults of the machine or of a file (missing, unreadable, read-only,
-disk full, not JSON, a failed helper process): one line, not a traceback."""
+disk full, not JSON, truncated, a failed or hanging helper process): one
+line, not a traceback."""
 DEBUG_VAR = "PATCHSET_DEBUG"
+MESSAGE_LIMIT = 400
+"""Characters of a fault's text that a message shows (a huge input is cut)."""
+LINE_LIMIT = 1000
+"""Characters of each line of an error message (an echoed input is cut)."""
+
+
+def shorten(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """`text` on one line, cut to `limit` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _no_space(exc: BaseException) -> str | None:
+    """Where a write ran out of space, if `exc` (or, for a failed tree
+    copy, any of its errors) is ENOSPC."""
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list):
+        for _src, dst, why in exc.args[0]:
+            if "No space left" in str(why):
+                return str(dst)
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return str(exc.filename or "")
+    return None
 
 
 def describe_fault(exc: BaseException) -> str:
-    """One line naming what failed and where."""
+    """One short line naming what failed and where."""
+    if (where := _no_space(exc)) is not None:
+        place = f" (writing {shorten(where, 200)})" if where else ""
+        return f"no space left on the device{place}; free space and run again"
     if isinstance(exc, OSError) and exc.filename is not None:
-        where = exc.filename
+        where = str(exc.filename)
         if exc.filename2 is not None:
             where = f"{where} -> {exc.filename2}"
-        return f"{where}: {exc.strerror or exc}"
+        return shorten(f"{where}: {exc.strerror or exc}")
     if isinstance(exc, subprocess.CalledProcessError):
         command = exc.cmd if isinstance(exc.cmd, str) else " ".join(map(str, exc.cmd))
-        return f"`{command}` exited {exc.returncode}"
-    text = " ".join(str(exc).split()) or type(exc).__name__
+        return shorten(f"`{command}` exited {exc.returncode}")
+    if isinstance(exc, subprocess.TimeoutExpired):
+        command = exc.cmd if isinstance(exc.cmd, str) else " ".join(map(str, exc.cmd))
+        return shorten(f"`{command}` did not finish in {exc.timeout:.0f} s")
+    text = shorten(str(exc)) or type(exc).__name__
     return f"{text} ({type(exc).__name__}; {DEBUG_VAR}=1 shows the traceback)"
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`argv` read by `parser`; an option the command does not know is
+    answered with that command's usage, not the top-level one."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command = options.PARSERS.get(args.subcommand, parser)
+        command.error(f"unrecognized arguments: {shorten(' '.join(extra), 200)}")
+    return args
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise Terminated(signum)
+
+
+def stop_on_signals() -> None:
+    """Turn SIGTERM and SIGHUP into an exception where the program stands,
+    as Ctrl-C is, so that every clean-up on the way out runs."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _terminate)
+
+
+def exit_status(code: int) -> int:
+    """A child's status as a shell gives it: 128+N for one killed by signal N."""
+    return 128 - code if code < 0 else code
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
-    if argv[:1] and argv[0] in report.REPORTS:
-        # The report's own options pass through untouched (no `--` needed).
-        args = report.parse_args(parser, argv)
-    else:
-        args = parser.parse_args(argv)
+    stop_on_signals()
     try:
-        return int(args.func(args))
+        parser = build_parser()
+        if argv[:1] and argv[0] in report.REPORTS:
+            # The report's own options pass through untouched (no `--` needed).
+            args = report.parse_args(parser, argv)
+        else:
+            args = parse_args(parser, argv)
+        return exit_status(int(args.func(args)))
     except PatchsetError as exc:
-        print(f"patchset: error: {exc}", file=sys.stderr)
+        lines = str(exc).splitlines() or [""]
+        text = "\n".join(shorten(line, LINE_LIMIT) for line in lines)
+        print(f"patchset: error: {text}", file=sys.stderr)
         return exc.exit_code
     except EXPECTED_FAULTS as exc:
         if os.environ.get(DEBUG_VAR):
             raise
         print(f"patchset: error: {describe_fault(exc)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
+        name = signal.Signals(signum).name
         print(
-            "patchset: interrupted; nothing partial was left in place", file=sys.stderr
+            f"patchset: interrupted ({name}); nothing partial was left in place",
+            file=sys.stderr,
         )
-        return 130
+        return 128 + signum

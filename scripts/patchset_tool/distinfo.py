@@ -20,8 +20,18 @@ SITE_VAR = "GLM5NEXT_PATCHSET_SITE"
 
 def read_record(dist_info: Path) -> dict[str, str]:
     """RECORD as path to hash ("" where RECORD gives none)."""
-    with open(dist_info / "RECORD", newline="") as handle:
-        return {row[0]: row[1] if len(row) > 1 else "" for row in csv.reader(handle)}
+    with open(dist_info / "RECORD", newline="", encoding="utf-8") as handle:
+        try:
+            return {
+                row[0]: row[1] if len(row) > 1 else ""
+                for row in csv.reader(handle)
+                if row
+            }
+        except csv.Error as exc:
+            raise PatchsetError(
+                f"{dist_info / 'RECORD'}: not a RECORD file ({exc}); the install "
+                "is damaged"
+            ) from exc
 
 
 @dataclass(frozen=True)
@@ -71,7 +81,7 @@ def find_vllm(site: Path) -> InstalledVllm:
         )
     dist_info = found[0]
     version = ""
-    for line in (dist_info / "METADATA").read_text().splitlines():
+    for line in (dist_info / "METADATA").read_text(encoding="utf-8").splitlines():
         if line.startswith("Version:"):
             version = line.split(":", 1)[1].strip()
             break

@@ -155,7 +155,8 @@ def uv_exe() -> Path:
     uv = home / "bin" / "uv"
     with _locked(home):
         if not (home / COMPLETE).is_file():
-            print(f"installing uv ({pin.read_text().strip()}) into {home}", flush=True)
+            pin_text = pin.read_text(encoding="utf-8").strip()
+            print(f"installing uv ({pin_text}) into {home}", flush=True)
             subprocess.run([sys.executable, "-m", "venv", str(home)], check=True)
             _install(
                 [
@@ -170,7 +171,7 @@ def uv_exe() -> Path:
                 pin.name,
                 None,
             )
-            (home / COMPLETE).write_text(pin.read_text())
+            (home / COMPLETE).write_text(pin.read_text(encoding="utf-8"))
     return uv
 
 
@@ -214,11 +215,13 @@ def setup(base: Base) -> Path:
                 )
             _uv_pip_install(python, _requirement_files(base), base)
             (env / COMPLETE).write_text(
-                "".join(f.read_text() for f in _requirement_files(base))
+                "".join(f.read_text(encoding="utf-8") for f in _requirement_files(base))
             )
         stamp = env / tools_stamp()
         if not stamp.is_file():
             print("installing the pinned test tools", flush=True)
             _uv_pip_install(python, [paths.REQUIREMENTS / "tools.txt"], base)
-            stamp.write_text((paths.REQUIREMENTS / "tools.txt").read_text())
+            stamp.write_text(
+                (paths.REQUIREMENTS / "tools.txt").read_text(encoding="utf-8")
+            )
     return python

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The one exception type the tool raises for bad input."""
+"""The exception types the tool raises: bad input, and a stopping signal."""
 
 
 class PatchsetError(Exception):
@@ -13,3 +13,12 @@ class PatchsetError(Exception):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the program stands (as Ctrl-C raises
+    KeyboardInterrupt) so that every clean-up on the way out runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

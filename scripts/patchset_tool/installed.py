@@ -12,6 +12,7 @@ asked only for its site-packages.
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -24,27 +25,72 @@ from .errors import PatchsetError
 from .series import SERIES_FILE, SHORT_ID_LENGTH, Series
 
 PURELIB = 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
+PURELIB_TIMEOUT = int(os.environ.get("PATCHSET_PYTHON_TIMEOUT", "60"))
+"""Seconds an interpreter gets to name its site-packages."""
 
 
 def installed_series(install: InstalledVllm) -> dict[str, Any] | None:
-    """The series manifest a patched wheel installs, or None."""
+    """The series manifest a patched wheel installs, or None; raise, one
+    line, when it is not the JSON object `build` writes."""
     manifest = install.site / SERIES_FILE
     if not manifest.is_file():
         return None
     try:
-        return dict(json.loads(manifest.read_text()))
+        data = json.loads(manifest.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise PatchsetError(f"{manifest}: not valid JSON ({exc})") from exc
+    base = data.get("base") if isinstance(data, dict) else None
+    patches = data.get("patches") if isinstance(data, dict) else None
+    if (
+        not isinstance(base, dict)
+        or not isinstance(patches, list)
+        or not all(isinstance(p, dict) for p in patches)
+    ):
+        raise PatchsetError(
+            f"{manifest}: not the series record `patchset build` writes (a JSON "
+            "object with a base and a list of patches); the install was altered"
+        )
+    return data
+
+
+def refuse_editable(install: InstalledVllm) -> None:
+    """Raise, one line, for an install whose code RECORD does not list: an
+    editable install (its code is a checkout's working tree) or one whose
+    RECORD names no file of the vllm package; nothing could be verified."""
+    direct_url = install.dist_info / "direct_url.json"
+    try:
+        url = json.loads(direct_url.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        url = {}
+    if isinstance(url, dict) and (url.get("dir_info") or {}).get("editable"):
+        raise PatchsetError(
+            f"{install.dist_info}: an editable install of vLLM (from "
+            f"{str(url.get('url', '?'))[:200]}); verify-install cannot verify it: "
+            "its code is that checkout's working tree, which RECORD does not list"
+        )
+    if not any(rel.startswith("vllm/") for rel in install.record):
+        raise PatchsetError(
+            f"{install.dist_info}/RECORD lists no file of the vllm package; "
+            "verify-install cannot verify this install"
+        )
 
 
 def purelib(python: Path) -> Path:
     """The site-packages directory of the environment `python` runs in."""
     try:
         proc = subprocess.run(
-            [str(python), "-c", PURELIB], capture_output=True, text=True, timeout=60
+            [str(python), "-c", PURELIB],
+            capture_output=True,
+            text=True,
+            timeout=PURELIB_TIMEOUT,
         )
     except OSError as exc:
         raise PatchsetError(f"cannot run {python}: {exc.strerror}") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise PatchsetError(
+            f"{python} did not name its site-packages within {PURELIB_TIMEOUT} s "
+            "(a hanging interpreter or start-up hook); nothing was verified"
+        ) from exc
     if proc.returncode or not proc.stdout.strip():
         raise PatchsetError(f"{python} did not name its site-packages:\n{proc.stderr}")
     return Path(proc.stdout.strip())
@@ -120,6 +166,7 @@ def verify_site(site: Path, outside: bool = False) -> int:
     or a `pip install --target` folder (`outside`: also the files RECORD
     places outside it, such as the scripts of an environment)."""
     install = find_vllm(site)
+    refuse_editable(install)
     print(f"site-packages: {site}")
     print(f"vllm: {install.version} ({install.dist_info.name})")
     for line in describe_series(installed_series(install), install.version):

@@ -46,18 +46,28 @@ def tree_env(
     # importing vLLM from source every time costs tens of seconds.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     extra = [] if pristine else [str(base.patched_tree())]
-    # Drop any patched tree a parent `patchset run` put there, so that a
-    # nested `run --pristine` really reaches the pristine install.
+    # PYTHONPATH comes before site-packages: drop any entry that holds
+    # another vllm (a patched tree a parent `patchset run` put there, a
+    # checkout of the user's), so that the command reaches the tree asked for.
     inherited = [
         p
         for p in env.get("PYTHONPATH", "").split(os.pathsep)
-        if p and not (Path(p) / apply.STAMP).is_file()
+        if p and not _holds_vllm(Path(p))
     ]
     helpers = [str(paths.SUITE)] if suite else []
     env["PYTHONPATH"] = os.pathsep.join(
         [*extra, str(paths.REPO / "scripts"), *helpers, *inherited]
     )
     return env
+
+
+def _holds_vllm(folder: Path) -> bool:
+    """Whether importing `vllm` with `folder` on sys.path would find it there."""
+    return (
+        (folder / apply.STAMP).is_file()
+        or (folder / "vllm").is_dir()
+        or (folder / "vllm.py").is_file()
+    )
 
 
 SUITE_PRISTINE_VAR = "GLM5NEXT_VERIFY_PRISTINE_ROOT"

@@ -100,7 +100,7 @@ def log_path(name: str) -> Path:
 def _run_logged(part: Part, command: list[str], cwd: Path, env: dict[str, str]) -> int:
     """Run `command`, appending its output to the part's log; its exit code."""
     assert part.log is not None
-    with part.log.open("a") as log:
+    with part.log.open("a", encoding="utf-8") as log:
         log.write(f"$ {' '.join(command)}\n")
         log.flush()
         return subprocess.run(
@@ -221,7 +221,7 @@ def _apply_to_checkout(part: Part, series: Series, clone: Path, python: Path) ->
     """What `apply --vllm-src` does, logged: `git am -3` the series onto
     `clone`, then the checkout's own tethering hook on its new tests."""
     assert part.log is not None
-    with part.log.open("a") as log:
+    with part.log.open("a", encoding="utf-8") as log:
         log.write(f"$ patchset apply --base {series.base.version} --vllm-src {clone}\n")
         try:
             count, seconds = apply.apply_to_checkout(series, clone, check=False)
@@ -256,7 +256,7 @@ def upstream_gates(part: Part, python: Path, base: Base) -> None:
 def upstream_checks_part(part: Part, python: Path, base: Base) -> None:
     """Upstream's tethering and SPDX checks over this repository, logged."""
     assert part.log is not None
-    with part.log.open("a") as log:
+    with part.log.open("a", encoding="utf-8") as log:
         part.count(upstream_checks.run_checks(base, python, out=log))
 
 
@@ -278,7 +278,7 @@ def _run_part(job: Job, lock: threading.Lock) -> Part:
     part, work = job
     part.log = log_path(part.name)
     part.log.parent.mkdir(parents=True, exist_ok=True)
-    part.log.write_text("")
+    part.log.write_text("", encoding="utf-8")
     with lock:
         print(f"--- start  {part.name}  (log: {part.log})", flush=True)
     start = time.monotonic()
@@ -372,7 +372,7 @@ def run_tests(bases: list[Base], jobs: int = 2) -> int:
 
 
 def _log_tail(log: Path) -> str:
-    lines = log.read_text(errors="replace").splitlines()
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
     return "\n".join(lines[-LOG_TAIL_LINES:])
 
 

@@ -1,24 +1,39 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The directories the tool writes: whose they are, who writes them now,
-and whether what is on disk is what was written.
+"""The directories and files the tool writes: whose they are, who writes
+them now, and whether what is on disk is what was written.
 
-- Ownership: a tree the tool makes carries a marker file; the tool
-  replaces a destination only when it is absent, an empty directory or
-  marked as its own, and never one inside a Python environment or
-  holding an installed package. Every refusal comes before anything is
-  removed.
+- Ownership, one rule for every command (`claim_folder`, `claim_file`):
+  the tool writes only into what it made, and refuses, before anything
+  is written, with one line:
+  - a target inside a Python installation at any depth, after following
+    every symlink: below a site-packages or dist-packages folder, in a venv
+    (`pyvenv.cfg`) or conda environment (`conda-meta`), or below a folder
+    holding an installed distribution (`*.dist-info`, `*.egg-info`,
+    `vllm/_version.py`: the folder of a `pip install --target`);
+  - a target that is itself a symlink;
+  - an existing folder that is not empty and does not hold the marker
+    of a tree of the same kind the tool made;
+  - an existing file the tool did not record writing (`record_file`), or
+    that changed since.
+- Staging (`staging`, `remove_stale`): work in progress lives in a hidden
+  folder beside the target, made fresh (a unique name), marked and locked
+  by its run; a later run removes only such marked folders no live run
+  holds, never a name that merely looks like one.
 - Locking: one `flock` per tree, on a hidden lock file beside it, held
   for the whole of a write; a second run waits, saying so.
 - Content: a manifest of every file (sha256, or a link's target) is
-  written last into the tree; a tree whose files do not match it is not
-  "up to date", whatever its stamp says.
+  written last into the tree; a tree whose files do not match it (or
+  whose manifest cannot be read) is not "up to date", whatever its stamp
+  says.
 """
 
 import contextlib
 import fcntl
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,18 +42,34 @@ from .errors import PatchsetError
 
 MARKER = ".patchset-owned"
 """A tree the tool made holds this file (its content names the kind)."""
+FILES = ".patchset-files"
+"""In a folder the tool wrote single files into: each file's sha256 and name."""
 MANIFEST = ".patchset-manifest"
+STAGING = ".staging-"
+"""A staging folder beside target T is named `.T.staging-XXXXXXXX`."""
 SKIPPED_DIRS = {"__pycache__"}
 INSTALL_DIRS = {"site-packages", "dist-packages"}
+ENV_MARKS = ("pyvenv.cfg", "conda-meta")
+UNCHANGED = "(nothing was changed)"
 
 
 def mark(tree: Path, kind: str) -> None:
     """Mark `tree` (being built) as made by the tool."""
-    (tree / MARKER).write_text(f"glm5next-patchset {kind}\n")
+    (tree / MARKER).write_text(f"glm5next-patchset {kind}\n", encoding="utf-8")
 
 
 def is_marked(tree: Path, markers: tuple[str, ...] = (MARKER,)) -> bool:
     return any((tree / marker).is_file() for marker in markers)
+
+
+def marked_kind(tree: Path) -> str | None:
+    """The kind `tree`'s marker names ("" for a marker without one), or None
+    when it holds no marker."""
+    try:
+        text = (tree / MARKER).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return text.strip().removeprefix("glm5next-patchset").strip()
 
 
 def installed_package_in(folder: Path) -> str | None:
@@ -54,54 +85,183 @@ def installed_package_in(folder: Path) -> str | None:
     return None
 
 
-def refuse_install(dest: Path, option: str) -> None:
-    """Raise if `dest` lies in a Python installation: below a site-packages,
-    in a venv, or beside an installed package."""
-    where = dest.resolve()
+def _shown(path: Path, limit: int = 200) -> str:
+    """`path` for a message, cut short when a user typed something huge."""
+    text = str(path)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def installation_around(target: Path) -> str | None:
+    """Why `target` (symlinks followed) lies in a Python installation, or
+    None: a site-packages folder, a venv or conda environment, or a folder
+    holding an installed distribution, at any depth above it."""
+    where = target.resolve()
+    if where.name in INSTALL_DIRS or any((where / m).exists() for m in ENV_MARKS):
+        return f"{where} is a Python installation"
     for folder in where.parents:
-        if folder.name in INSTALL_DIRS or (folder / "pyvenv.cfg").is_file():
-            raise PatchsetError(
-                f"{dest}: inside {folder}, a Python installation; {option} "
-                "must name a folder of your own (nothing was changed)"
-            )
-    if where.name in INSTALL_DIRS or (where / "pyvenv.cfg").is_file():
+        if folder.name in INSTALL_DIRS or any((folder / m).exists() for m in ENV_MARKS):
+            return f"inside {folder}, a Python installation"
+        if found := installed_package_in(folder):
+            return f"inside {folder}, which holds an installed package ({found})"
+    return None
+
+
+def refuse_install(dest: Path, option: str) -> None:
+    """Raise if `dest` lies in a Python installation (see
+    `installation_around`)."""
+    if why := installation_around(dest):
         raise PatchsetError(
-            f"{dest}: a Python installation; {option} must name a folder of "
-            "your own (nothing was changed)"
-        )
-    if found := installed_package_in(where.parent):
-        raise PatchsetError(
-            f"{dest}: {where.parent} holds an installed package ({found}); "
-            f"{option} must name a folder of your own (nothing was changed)"
+            f"{_shown(dest)}: {why}; {option} must name a folder of your own "
+            + UNCHANGED
         )
 
 
-def refuse_foreign(
-    dest: Path, option: str, markers: tuple[str, ...] = (MARKER,)
+def claim_folder(
+    dest: Path,
+    option: str,
+    kind: str | None = None,
+    legacy: tuple[str, ...] = (),
 ) -> None:
-    """Raise unless the tool may replace `dest`: it is absent, an empty
-    directory, or a tree the tool made (one of `markers` in it); and it is not in
-    a Python installation."""
+    """The ownership rule for a folder the tool (re)makes: raise, one line,
+    unless `dest` is absent or an empty directory, or a tree the tool made
+    of the same `kind` (its marker names it; a `legacy` marker file of an
+    older tool counts too); and never when it lies in a Python
+    installation or is a symlink. `kind` None: replace no tree at all.
+    Call it before writing anything."""
     refuse_install(dest, option)
-    if not dest.exists() and not dest.is_symlink():
-        return
-    if dest.is_symlink() or not dest.is_dir():
+    shown = _shown(dest)
+    if dest.is_symlink():
         raise PatchsetError(
-            f"{dest}: exists and is not a directory the tool made; choose "
-            f"another {option} (nothing was changed)"
+            f"{shown}: a symbolic link; {option} must name a real folder " + UNCHANGED
         )
-    if is_marked(dest, markers):
+    if not dest.exists():
         return
+    if not dest.is_dir():
+        raise PatchsetError(
+            f"{shown}: exists and is not a directory the tool made; choose "
+            f"another {option} " + UNCHANGED
+        )
+    found = marked_kind(dest)
+    if kind is not None and (
+        found == kind or (found is None and is_marked(dest, legacy))
+    ):
+        return
+    if found is not None or is_marked(dest, legacy):
+        what = found or "tree"
+        raise PatchsetError(
+            f"{shown}: holds the tool's {what}, which this command does not "
+            f"replace; choose another {option} " + UNCHANGED
+        )
     if found := installed_package_in(dest):
         raise PatchsetError(
-            f"{dest}: holds an installed package ({found}); {option} must "
-            "name a folder of your own (nothing was changed)"
+            f"{shown}: holds an installed package ({found}); {option} must "
+            "name a folder of your own " + UNCHANGED
         )
     if any(dest.iterdir()):
         raise PatchsetError(
-            f"{dest}: a non-empty directory the tool did not make; remove it "
-            f"yourself or choose another {option} (nothing was changed)"
+            f"{shown}: a non-empty directory the tool did not make; remove it "
+            f"yourself or choose another {option} " + UNCHANGED
         )
+
+
+def refuse_foreign(dest: Path, option: str) -> None:
+    """`claim_folder` for a command that replaces no tree: `dest` must be
+    absent or an empty directory of the user's."""
+    claim_folder(dest, option, kind=None)
+
+
+def _recorded(folder: Path) -> dict[str, str]:
+    """The sha256 (by name) of the files the tool recorded writing into `folder`."""
+    try:
+        text = (folder / FILES).read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return {}
+    pairs = (line.split(" ", 1) for line in text.splitlines())
+    return {name: digest for digest, name in (p for p in pairs if len(p) == 2)}
+
+
+def claim_file(target: Path, option: str) -> None:
+    """The ownership rule for a single file the tool writes: raise, one
+    line, when `target` lies in a Python installation, is a symlink or
+    not a regular file, or exists without being a file the tool recorded
+    writing (`record_file`) with the same bytes since."""
+    refuse_install(target, option)
+    shown = _shown(target)
+    if target.is_symlink() or (target.exists() and not target.is_file()):
+        raise PatchsetError(
+            f"{shown}: not a regular file; choose another {option} " + UNCHANGED
+        )
+    if not target.exists():
+        return
+    recorded = _recorded(target.parent).get(target.name)
+    if recorded is None or recorded != file_sha256(target):
+        raise PatchsetError(
+            f"{shown}: a file the tool did not write"
+            + (" (changed since it did)" if recorded else "")
+            + f"; move it away or choose another {option} "
+            + UNCHANGED
+        )
+
+
+def record_file(target: Path) -> None:
+    """Remember that the tool wrote `target` as it is now (call after the
+    file is complete), so that a later run may replace it."""
+    records = _recorded(target.parent)
+    records[target.name] = file_sha256(target)
+    text = "".join(f"{digest} {name}\n" for name, digest in sorted(records.items()))
+    (target.parent / FILES).write_text(text, encoding="utf-8")
+
+
+def _holds_no_lock(marker: Path) -> bool:
+    """Whether no live run holds the lock of the staging folder `marker`
+    marks (its lock is the marker itself)."""
+    try:
+        with open(marker, "rb") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def remove_stale(target: Path) -> None:
+    """Remove the staging folders beside `target` that a killed run of
+    the tool left: those it marked and that no live run holds. Anything
+    else, whatever its name, is left alone."""
+    for stale in target.parent.glob(f".{target.name}{STAGING}*"):
+        marker = stale / MARKER
+        if stale.is_symlink() or not stale.is_dir() or not marker.is_file():
+            continue
+        if marked_kind(stale) == "staging" and _holds_no_lock(marker):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def make_staging(target: Path) -> Path:
+    """A fresh hidden folder beside `target`, marked as a staging folder of
+    the tool (absolute path): build in it, move the result out, and remove
+    it (`shutil.rmtree`) on the way out. Call it holding `target`'s lock,
+    or use `staging`, which also locks the folder itself."""
+    parent = Path(os.path.abspath(target.parent))
+    folder = Path(tempfile.mkdtemp(prefix=f".{target.name}{STAGING}", dir=parent))
+    try:
+        mark(folder, "staging")
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
+
+
+@contextlib.contextmanager
+def staging(target: Path) -> Iterator[Path]:
+    """`make_staging`, locked for as long as it is in use (no other run
+    removes it as stale) and removed with whatever is left in it on the
+    way out (an exception, or a signal the caller turned into one)."""
+    folder = make_staging(target)
+    try:
+        with open(folder / MARKER, "rb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def umask() -> int:
@@ -157,7 +317,7 @@ def write_manifest(tree: Path) -> None:
     lines = [
         f"{_fingerprint(path)} {_size(path)} {rel}\n" for rel, path in _entries(tree)
     ]
-    (tree / MANIFEST).write_text("".join(lines))
+    (tree / MANIFEST).write_text("".join(lines), encoding="utf-8")
 
 
 def _size(path: Path) -> int:
@@ -168,13 +328,18 @@ def damage(tree: Path, full: bool = True) -> list[str]:
     """How `tree` differs from its manifest (empty: intact). `full` hashes
     every file; otherwise presence, size and link targets are compared."""
     try:
-        text = (tree / MANIFEST).read_text()
+        text = (tree / MANIFEST).read_text(encoding="utf-8")
     except OSError:
         return [f"{tree / MANIFEST}: missing (the tree was never completed)"]
+    except ValueError:
+        return [f"{tree / MANIFEST}: damaged (not UTF-8 text)"]
     problems = []
     listed = set()
-    for line in text.splitlines():
-        fingerprint, size, rel = line.split(" ", 2)
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split(" ", 2)
+        if len(fields) != 3 or not fields[1].isdigit() or not fields[2]:
+            return [f"{tree / MANIFEST}:{number}: damaged (not a manifest line)"]
+        fingerprint, size, rel = fields
         listed.add(rel)
         path = tree / rel
         if not path.is_symlink() and not path.is_file():

@@ -114,18 +114,27 @@ def sdist(version: str) -> Path:
         return _fetch_sdist(version, archive, recorded)
     got = file_sha256(archive)
     try:
-        want = recorded.read_text().strip()
+        want = recorded.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
-        # Fetched (and checked against the index) by an older tool, which
-        # kept no digest: record the one it was checked with.
-        with contextlib.suppress(OSError):
-            recorded.write_text(got + "\n")
-        return archive
+        # No record: unverified (kept by an older tool, or put there by
+        # hand, or cut short). Only the index's digest can vouch for it.
+        try:
+            want = _sdist_link(version)[1]
+        except OSError as exc:
+            raise PatchsetError(
+                f"{archive}: cached without its sha256 record, and the package "
+                f"index cannot be reached to check it ({exc}); run again once "
+                f"it can (or `rm {archive}`)"
+            ) from exc
+        if got == want:
+            with contextlib.suppress(OSError):
+                recorded.write_text(want + "\n", encoding="utf-8")
+            return archive
     if got == want:
         return archive
     print(
-        f"{archive}: damaged (sha256 {got[:16]}..., recorded {want[:16]}...); "
-        "fetching it again",
+        f"{archive}: damaged (sha256 {got[:16]}..., recorded or published "
+        f"{want[:16]}...); fetching it again",
         file=sys.stderr,
         flush=True,
     )

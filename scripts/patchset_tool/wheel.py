@@ -26,6 +26,7 @@ import errno
 import io
 import json
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -57,6 +58,8 @@ PIP_PLATFORM = [
     "abi3",
 ]
 PARTIAL_SUFFIX = ".partial"
+DIST_KIND = "dist"
+"""What the marker of a folder `build` wrote wheels into names."""
 NEW_FILE_MODE = (stat.S_IFREG | 0o644) << 16
 
 
@@ -80,7 +83,7 @@ class BuiltWheel:
     short_id: str
 
     def __str__(self) -> str:
-        shown = _display_path(self.path)
+        shown = shlex.quote(str(_display_path(self.path)))
         return (
             f"built {shown}\n"
             f"  {self.size / 1e6:.1f} MB in {self.seconds:.1f} s: vLLM "
@@ -134,7 +137,7 @@ def upstream_wheel(version: str) -> UpstreamWheel:
     wheel = folder / upstream_wheel_name(version)
     digest_file = wheel.with_name(wheel.name + ".sha256")
     if wheel.is_file() and digest_file.is_file():
-        cached = UpstreamWheel(wheel, digest_file.read_text().strip())
+        cached = UpstreamWheel(wheel, digest_file.read_text(encoding="utf-8").strip())
         if file_sha256(wheel) == cached.sha256:
             return cached
         print(f"{wheel}: damaged (sha256 differs); fetching it again", file=sys.stderr)
@@ -144,7 +147,7 @@ def upstream_wheel(version: str) -> UpstreamWheel:
     if not wheel.is_file():
         _pip_download(version, want, folder)
     require_sha256(UpstreamWheel(wheel, want))
-    digest_file.write_text(want + "\n")
+    digest_file.write_text(want + "\n", encoding="utf-8")
     return UpstreamWheel(wheel, want)
 
 
@@ -212,7 +215,7 @@ def _pip_download(version: str, sha256: str, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     with trees.locked(folder / name), _download_dir(folder, name) as tmp:
         pinned = Path(tmp) / "requirement.txt"
-        pinned.write_text(f"vllm=={version} --hash=sha256:{sha256}\n")
+        pinned.write_text(f"vllm=={version} --hash=sha256:{sha256}\n", encoding="utf-8")
         _pip(
             "download",
             "--no-deps",
@@ -411,37 +414,50 @@ def _new_entry(name: str, stamp: zipfile.ZipInfo) -> zipfile.ZipInfo:
 
 
 def _write_atomically(target: Path, write: Callable[[Path], None], need: int) -> None:
-    """Call `write` on a hidden file next to `target`, then rename it into
-    place. On any failure, the hidden file is removed, and so is the
-    folder when this call created it; an OSError becomes a PatchsetError
-    that names the folder (`need`: bytes the write takes, for the message)."""
+    """Call `write` on a file in a fresh staging folder beside `target`
+    (`trees.staging`), then rename it into place and mark the folder as
+    the tool's. On any failure or stopping signal the staging folder is
+    removed, and so is the folder when this call created it; an OSError
+    becomes a PatchsetError that names the folder (`need`: bytes the write
+    takes, for the message)."""
     folder = target.parent
     created = not folder.exists()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        descriptor, name = tempfile.mkstemp(
-            dir=folder, prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX
-        )
-        os.close(descriptor)
-    except OSError as exc:
-        raise PatchsetError(
-            f"cannot write the wheel to {folder}: {exc.strerror}; "
-            "choose a writable --dist"
-        ) from exc
-    partial = Path(name)
-    try:
-        write(partial)
-        with open(partial, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.chmod(partial, 0o666 & ~trees.umask())  # mkstemp made it 0600
-        os.replace(partial, target)
-    except BaseException as exc:
-        partial.unlink(missing_ok=True)
-        if created:
-            shutil.rmtree(folder, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise PatchsetError(_write_failure(exc, folder, need)) from exc
-        raise
+    marked = trees.is_marked(folder)
+    with contextlib.ExitStack() as stack:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            work = stack.enter_context(trees.staging(target))
+        except OSError as exc:
+            if created:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise PatchsetError(
+                f"cannot write the wheel to {folder}: {exc.strerror}; "
+                "choose a writable --dist"
+            ) from exc
+        partial = work / (target.name + PARTIAL_SUFFIX)
+        try:
+            write(partial)
+            with open(partial, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.chmod(partial, 0o666 & ~trees.umask())
+            if not marked:
+                trees.mark(folder, DIST_KIND)
+            os.replace(partial, target)
+        except BaseException as exc:
+            stack.close()
+            if created:
+                shutil.rmtree(folder, ignore_errors=True)
+            elif not marked:
+                (folder / trees.MARKER).unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                raise PatchsetError(_write_failure(exc, folder, need)) from exc
+            raise
+
+
+def claim_dist(dist: Path) -> None:
+    """Raise unless `build` may write into `dist` (the ownership rule,
+    `trees.claim_folder`): absent, empty, or a dist folder it made."""
+    trees.claim_folder(dist, "--dist", kind=DIST_KIND)
 
 
 def _write_failure(exc: OSError, folder: Path, need: int) -> str:
@@ -453,12 +469,6 @@ def _write_failure(exc: OSError, folder: Path, need: int) -> str:
             "nothing was left there. Free space or choose another --dist"
         )
     return f"writing the wheel to {folder} failed: {exc}; nothing was left there"
-
-
-def remove_stale_partials(dist: Path) -> None:
-    """Delete the hidden files a killed build left in `dist`."""
-    for stale in dist.glob(f".vllm-*{PARTIAL_SUFFIX}"):
-        stale.unlink(missing_ok=True)
 
 
 def build_wheel(series: Series, upstream: UpstreamWheel, dist: Path) -> BuiltWheel:
@@ -481,7 +491,9 @@ def build_wheel(series: Series, upstream: UpstreamWheel, dist: Path) -> BuiltWhe
         replaced = _patched_files(source, series)
         replaced[SERIES_FILE] = series.manifest()
         target = dist.resolve() / f"vllm-{version}-{WHEEL_TAGS}.whl"
-        remove_stale_partials(target.parent)
+        claim_dist(dist)
+        if target.parent.is_dir():
+            trees.remove_stale(target)  # what a killed build left
         print(f"writing {target.name}", flush=True)
         _write_atomically(
             target,

@@ -107,9 +107,9 @@ def _clone_release(dest: Path, base: Base) -> Path:
     tag, tagged `patchset-base`; the caller renames it to `dest` (absent
     or empty) while holding its lock."""
     _refuse_dest(dest)
-    staging = dest.with_name(f".{dest.name}.staging")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.parent.mkdir(parents=True, exist_ok=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    trees.remove_stale(dest)  # only the marked staging folders a killed run left
+    staging = trees.make_staging(dest) / "tree"
     git(
         "clone",
         "--quiet",
@@ -170,7 +170,7 @@ def create(dest: Path, base: Base) -> tuple[int, bool]:
             _stamp_series(staging, series)
             staging.rename(dest)
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(staging.parent, ignore_errors=True)
     return len(patches), False
 
 
@@ -198,7 +198,7 @@ def rebase(source: Base, onto: Base, dest: Path) -> list[str]:
             git("checkout", "--quiet", branch, cwd=staging)
             staging.rename(dest)
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(staging.parent, ignore_errors=True)
     proc = git(
         *IDENTITY, "rebase", "--onto", onto.tag, source.tag, cwd=dest, check=False
     )

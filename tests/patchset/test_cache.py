@@ -170,3 +170,29 @@ def test_damaged_cached_wheel_is_named_and_fetched_again(
     assert fetched == [VERSION]
     assert got.path.read_bytes() == good
     assert f"{cached}: damaged" in capsys.readouterr().err
+
+
+def test_cut_sdist_without_its_record_is_fetched_again(
+    cache: Path, index: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cached sdist without its `.sha256` record is unverified: it is
+    checked against the index's digest, and a cut-short one fetched again."""
+    monkeypatch.setenv("PIP_INDEX_URL", index)
+    archive = cache / "sdists" / f"vllm-{VERSION}.tar.gz"
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(SDIST[: len(SDIST) // 2])
+    assert upstream.sdist(VERSION) == archive
+    assert archive.read_bytes() == SDIST
+    recorded = archive.with_name(archive.name + ".sha256").read_text()
+    assert recorded == hashlib.sha256(SDIST).hexdigest() + "\n"
+
+
+def test_unrecorded_sdist_offline_is_named(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple/")
+    archive = cache / "sdists" / f"vllm-{VERSION}.tar.gz"
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(SDIST[:10])
+    with pytest.raises(PatchsetError, match="without its sha256 record"):
+        upstream.sdist(VERSION)

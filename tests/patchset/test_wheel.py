@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from projectkit import REPO
 
-from patchset_tool import envmgr, wheel
+from patchset_tool import envmgr, trees, wheel
 from patchset_tool.bases import Base, load_bases
 from patchset_tool.digests import record_digest, record_hash
 from patchset_tool.distinfo import find_vllm
@@ -54,7 +54,10 @@ def uv(*args: str) -> Completed:
 
 
 def leftovers(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+    """What `folder` holds, but the marker that makes a dist folder the tool's."""
+    if not folder.exists():
+        return []
+    return sorted(p.name for p in folder.iterdir() if p.name != trees.MARKER)
 
 
 def zip_record(archive: zipfile.ZipFile, dist_info: str) -> dict[str, list[str]]:

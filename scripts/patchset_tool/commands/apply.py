@@ -15,7 +15,12 @@ HELP = "apply a base's series (default: to a copy of the install, build/<version
 
 def register(subparsers: Subparsers) -> None:
     parser = command_parser(subparsers, "apply", run, help=HELP)
-    flag(parser, "--check", "verify everything, write nothing")
+    flag(
+        parser,
+        "--check",
+        "verify everything, write nothing (needs the environment that "
+        "`setup` or a plain `apply` makes)",
+    )
     flag(parser, "--force", "rebuild the patched tree even if it is up to date")
     path_option(parser, "--vllm-src", "git am -3 onto this vLLM checkout instead")
     flag(
@@ -34,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         return to_checkout(
             Series.load(base), args.vllm_src, args.check, args.other_release
         )
-    envmgr.setup(base)
+    if not args.check:
+        envmgr.setup(base)  # --check writes nothing: it needs an environment
     dest = None if args.check else (args.dest or base.patched_tree())
     print(apply.apply_to_package(base, dest, force=args.force))
     if args.check:

@@ -4,7 +4,7 @@
 
 import argparse
 
-from .. import paths, trees, wheel
+from .. import paths, wheel
 from ..series import Series
 from .options import Subparsers, chosen_base, command_parser, path_option
 
@@ -19,7 +19,7 @@ def register(subparsers: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     base = chosen_base(args)
-    trees.refuse_install(args.dist, "--dist")
+    wheel.claim_dist(args.dist)  # before anything is fetched or written
     upstream = wheel.upstream_wheel(base.version)
     print(wheel.build_wheel(Series.load(base), upstream, args.dist))
     return 0

@@ -13,7 +13,12 @@ HELP = "port a series to another release: three-way merge each patch onto its ta
 
 def register(subparsers: Subparsers) -> None:
     parser = command_parser(subparsers, "rebase", run, base=False, help=HELP)
-    parser.add_argument("--onto", required=True, metavar="VERSION")
+    parser.add_argument(
+        "--onto",
+        required=True,
+        metavar="VERSION",
+        help="the release to port to (declared in bases.toml, without a series yet)",
+    )
     parser.add_argument(
         "--from",
         dest="source",

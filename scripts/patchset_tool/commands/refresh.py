@@ -21,7 +21,12 @@ def register(subparsers: Subparsers) -> None:
     parser = command_parser(
         subparsers, "refresh", run, description=DESCRIPTION, help=HELP
     )
-    parser.add_argument("number", type=int, metavar="N")
+    parser.add_argument(
+        "number",
+        type=int,
+        metavar="N",
+        help="the patch to regenerate, from 1 (one past the last: a new patch)",
+    )
     path_option(parser, "--vllm-src", "the work tree (default: build/<version>/work)")
 
 

@@ -56,10 +56,13 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Nam
 
 
 def run(args: argparse.Namespace) -> int:
+    # The report's options are checked here, before any environment or
+    # tree is made (help needs neither); its own process reads them again.
+    reports = importlib.import_module("patchset_tool.reports.cli")
     if {"-h", "--help"} & set(args.report_args):
-        # Help needs no environment and no patched tree.
-        reports = importlib.import_module("patchset_tool.reports.cli")
         reports.parse_report_args([args.report, "--help"])
+    if "--batch" not in args.report_args:
+        reports.parse_report_args([args.report, *args.report_args])
     base = chosen_base(args)
     envmgr.setup(base)
     # vLLM logs to stdout by default; keep stdout for the report alone,

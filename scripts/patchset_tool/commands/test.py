@@ -7,16 +7,18 @@ import os
 
 from .. import testcmd
 from ..bases import load_bases
-from .options import Subparsers, chosen_base, command_parser
+from .options import Subparsers, chosen_base, command_parser, positive_int
 
 HELP = "the whole test command: check, tool tests, model tests, lint, upstream gates"
 
 
 def register(subparsers: Subparsers) -> None:
-    parser = command_parser(subparsers, "test", run, help=HELP)
+    parser = command_parser(
+        subparsers, "test", run, base_default="every declared base", help=HELP
+    )
     parser.add_argument(
         "--jobs",
-        type=int,
+        type=positive_int,
         default=os.cpu_count() or 1,
         metavar="N",
         help="parts run side by side, and pytest-xdist workers of the tool's "

@@ -47,6 +47,7 @@ from .coverage import (
     build_models,
     is_mtp_layer,
     load_helpers,
+    positive,
     single_process_distributed,
 )
 
@@ -448,21 +449,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--budget-gib",
-        type=float,
+        type=positive(float),
         default=DEFAULT_BUDGET_GIB,
         metavar="X",
         help="memory for the KV cache per GPU (default: %(default)s)",
     )
     parser.add_argument(
         "--tp",
-        type=int,
+        type=positive(int),
         default=8,
         metavar="N",
         help="tensor-parallel size (default: %(default)s)",
     )
     parser.add_argument(
         "--max-model-len",
-        type=int,
+        type=positive(int),
         default=32768,
         metavar="L",
         help="the model length (default: %(default)s)",

@@ -49,7 +49,7 @@ def batch_arguments(argv: list[str]) -> list[list[str]] | None:
     if where + 1 >= len(argv) or len(argv) != 2:
         sys.exit("--batch FILE takes no other option (put them in FILE)")
     try:
-        cases = json.loads(Path(argv[where + 1]).read_text())
+        cases = json.loads(Path(argv[where + 1]).read_text(encoding="utf-8"))
     except OSError as exc:
         sys.exit(f"patchset: error: --batch {argv[where + 1]}: {exc.strerror}")
     except ValueError as exc:

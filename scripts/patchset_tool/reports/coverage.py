@@ -70,11 +70,11 @@ def write_model_dir(
 ) -> Path:
     if config == "glm-5.3-flash":
         return helpers.write_model_dir(path, quant)
-    data = json.loads(Path(config).read_text())
+    data = json.loads(Path(config).read_text(encoding="utf-8"))
     if quant is not None:
         data["quantization_config"] = quant
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(data))
+    (path / "config.json").write_text(json.dumps(data), encoding="utf-8")
     return path
 
 
@@ -268,10 +268,43 @@ def format_report(report: dict[str, Any], seconds: float) -> str:
     return "\n".join(lines)
 
 
+def positive(convert: type[int] | type[float]) -> Any:
+    """An argparse type: a number of `convert`'s kind above zero."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text[:40]} is not above 0")
+        return value
+
+    parse.__name__ = convert.__name__
+    return parse
+
+
+def model_config(text: str) -> str:
+    """An argparse type for `--config`: the built-in name, or a readable
+    JSON file holding an object."""
+    if text == "glm-5.3-flash":
+        return text
+    try:
+        data = json.loads(Path(text).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text[:200]}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text[:200]}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError(f"{text[:200]}: not a JSON object")
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The report's own options."""
     parser.add_argument(
         "--config",
+        type=model_config,
         default="glm-5.3-flash",
         metavar="NAME|PATH",
         help="the model config (default: %(default)s)",
