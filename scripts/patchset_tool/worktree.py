@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import gitutil, paths, trees, upstream
-from .apply import apply_patches
+from .apply import apply_patches, write_source_files
 from .bases import Base
 from .check import base_files
 from .digests import git_blob_id, record_digest
@@ -334,8 +334,7 @@ CONFLICT_MARKER = re.compile(r"^\+(<{7}|>{7}|\|{7})( |$)", re.M)
 
 def _refuse_unfoldable(work: Path, tree: str, base: Base) -> list[str]:
     """The paths whose edits (HEAD to `tree`) would be folded; raise when
-    one holds conflict markers or is a file of the release that the wheel
-    does not ship (`apply` could not patch it)."""
+    one holds conflict markers."""
     changed = git(
         "diff", "--name-only", "--no-renames", "HEAD", tree, cwd=work
     ).stdout.splitlines()
@@ -353,23 +352,6 @@ def _refuse_unfoldable(work: Path, tree: str, base: Base) -> list[str]:
         raise PatchsetError(
             f"{work}: conflict markers in {', '.join(marked)}; resolve them "
             "before refreshing (nothing was changed)"
-        )
-    record = default_install(base).record
-    outside = [
-        path
-        for path in changed
-        if path not in record
-        and git(
-            "cat-file", "-e", f"{BASE_TAG}:{path}", cwd=work, check=False
-        ).returncode
-        == 0
-    ]
-    if outside:
-        raise PatchsetError(
-            f"{work}: edits to {', '.join(outside)}, a file of the vLLM "
-            f"{base.version} source that its wheel does not ship, so `apply` "
-            "could not patch it; undo them (`git checkout -- FILE`) before "
-            "refreshing (nothing was changed)"
         )
     return changed
 
@@ -525,6 +507,7 @@ def _verify(work: Path, head: str, series: Series) -> dict[Path, bytes | None]:
     overlay that follows ({copy: bytes, or None to remove})."""
     overlay: dict[Path, bytes | None] = {}
     with base_files(series, default_install(series.base)) as root:
+        write_source_files(root, series)
         apply_patches(series, root)
         for path in series.touched:
             want = _blob_at(work, head, path)

