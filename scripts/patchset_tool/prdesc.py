@@ -291,6 +291,8 @@ class Sources:
     neighbours_list: Path
     expected_failures: Path
     gpu_results: Path
+    sm90_pristine_log: Path | None = None
+    sm90_patched_log: Path | None = None
 
 
 def rel(path: Path) -> str:
@@ -314,6 +316,8 @@ class Evidence:
     neighbours: str | None
     gpu: dict[str, str] | None
     gpu_device: str
+    sm90_pristine: Run | None = None
+    sm90_patched: Run | None = None
 
     @classmethod
     def read(cls, sources: Sources) -> "Evidence":
@@ -341,6 +345,8 @@ class Evidence:
             neighbours,
             gpu,
             device.strip(),
+            read_log(sources.sm90_pristine_log) if sources.sm90_pristine_log else None,
+            read_log(sources.sm90_patched_log) if sources.sm90_patched_log else None,
         )
 
     def pool(self, patch: Patch | None = None) -> Pool:
@@ -661,13 +667,29 @@ class Writer:
         mine = {n: o for n, o in gpu.items() if Path(n.split("::")[0]).name in names}
         if not mine:
             self.not_run.append("this change's tests on an SM90 GPU")
+            emulated = self.emulated_sm90()
             return (
-                "On an SM90 host (upstream's glm5next step runs on an H200): not "
-                "run; the runs above are on a CPU-only host."
+                "On an SM90 GPU (upstream's glm5next step runs on an H200): not "
+                "run; the runs above are on a CPU-only host." + emulated
             )
         return (
             f"On an SM90 host ({self.evidence.gpu_device or 'H200'}, "
             f"`{rel(self.evidence.sources.gpu_results)}`): {_summary(mine)}."
+        )
+
+    def emulated_sm90(self) -> str:
+        """The emulated SM90 host's outcomes of this change's tests, or ''."""
+        ev = self.evidence
+        pristine, patched = self.mine(ev.sm90_pristine), self.mine(ev.sm90_patched)
+        if not pristine or not patched:
+            return ""
+        red = sum(o == "failed" for o in pristine.values())
+        return (
+            " On an emulated SM90 host (vLLM's platform answering as one SM90 "
+            "GPU for the whole session, a stub CUDA driver; "
+            f"`{rel(ev.sources.sm90_patched_log)}`): {red} of {len(pristine)} fail "
+            f"on vLLM {self.version} without this change; with it, "
+            f"{_summary(patched)}."
         )
 
     def neighbours(self) -> str:

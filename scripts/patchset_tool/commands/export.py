@@ -70,6 +70,12 @@ def sources(base: Base) -> prdesc.Sources:
         neighbours_list=NEIGHBOURS,
         expected_failures=base.expected_base_failures,
         gpu_results=paths.build_dir() / "gpu" / f"results-{base.version}",
+        sm90_pristine_log=testcmd.log_path(
+            testcmd.model_part(base.version, False, testcmd.SM90_HOST)
+        ),
+        sm90_patched_log=testcmd.log_path(
+            testcmd.model_part(base.version, True, testcmd.SM90_HOST)
+        ),
     )
 
 
