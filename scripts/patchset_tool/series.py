@@ -102,7 +102,9 @@ class Series:
         """The base files the series changes that vLLM's wheel does not ship
         (upstream's tests, docs): they come from the release's sdist."""
         return [
-            p for p, existed in self.touched.items() if existed and not p.startswith("vllm/")
+            p
+            for p, existed in self.touched.items()
+            if existed and not p.startswith("vllm/")
         ]
 
     @cached_property

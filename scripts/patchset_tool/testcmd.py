@@ -84,7 +84,9 @@ CPU_HOST, SM90_HOST = "CPU host", "emulated SM90 host"
 
 def model_part(version: str, patched: bool, host: str = CPU_HOST) -> str:
     """The name of a base's model-tests part (its log: `log_path`)."""
-    return f"{version}: model tests, {'patched' if patched else 'pristine'} source, {host}"
+    return (
+        f"{version}: model tests, {'patched' if patched else 'pristine'} source, {host}"
+    )
 
 
 def neighbours_part(version: str) -> str:

@@ -39,11 +39,10 @@ def _load_driver() -> None:
 
 
 def _answer_as_sm90() -> None:
+    import vllm.utils.deep_gemm
     from vllm.platforms import current_platform
     from vllm.platforms.cuda import CudaPlatform
     from vllm.platforms.interface import DeviceCapability
-
-    import vllm.utils.deep_gemm
 
     CudaPlatform.import_kernels()  # the CUDA ops a GPU host has registered
     # Upstream's H200 runner has DeepGEMM; only its presence is answered here.

@@ -32,7 +32,7 @@ DS_MLA = f"{FLASHMLA}/fp8_ds_mla"
 
 @contextmanager
 def _on_hopper(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """vLLM's CUDA platform on an SM90 GPU (it needs the CUDA driver)."""
+    """The CUDA platform on an SM90 GPU (importing it needs the CUDA driver)."""
     import vllm.platforms
 
     cuda = pytest.importorskip("vllm.platforms.cuda", reason="needs libcuda")
@@ -179,7 +179,9 @@ def test_mtp_drafter_pinned_to_flashmla_leaves_fp8_to_selection(
 
 
 @pytest.mark.parametrize(
-    ("drafter_dtype", "expected"), [(None, "fp8"), ("auto", "auto")], ids=["unset", "auto"]
+    ("drafter_dtype", "expected"),
+    [(None, "fp8"), ("auto", "auto")],
+    ids=["unset", "auto"],
 )
 def test_drafter_with_its_own_layers_keeps_its_dtype(
     config_on_hopper, tmp_path, drafter_dtype: str | None, expected: str
