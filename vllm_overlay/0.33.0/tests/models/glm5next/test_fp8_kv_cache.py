@@ -14,6 +14,7 @@ import pytest
 
 from vllm.config import set_current_vllm_config
 from vllm.model_executor.layers.attention.mla_attention import (
+    MLAAttention,
     _canonicalize_sparse_mla_kv_cache_dtype,
 )
 from vllm.model_executor.models.config import Glm5NextModelConfig
@@ -35,7 +36,9 @@ def _on_hopper(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The CUDA platform on an SM90 GPU (importing it needs the CUDA driver)."""
     import vllm.platforms
 
-    cuda = pytest.importorskip("vllm.platforms.cuda", reason="needs libcuda")
+    cuda = pytest.importorskip(
+        "vllm.platforms.cuda", reason="needs the CUDA driver", exc_type=ImportError
+    )
 
     class Sm90CudaPlatform(cuda.CudaPlatform):
         @classmethod
@@ -240,7 +243,8 @@ def test_fp8_warns_that_the_rows_change(
             layer_idx=3,
             prefix="model.layers.3",
         )
-    assert layer.self_attn.attn.kv_cache_dtype == "fp8_ds_mla"
+    (attention,) = [m for m in layer.modules() if isinstance(m, MLAAttention)]
+    assert attention.kv_cache_dtype == "fp8_ds_mla"
     assert "656-byte fp8_ds_mla rows" in caplog_vllm.text
     assert "fp8_e4m3 keeps the per-tensor rows" in caplog_vllm.text
 
