@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from vllm.config import set_current_vllm_config
+from vllm.logger import _print_warning_once
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization.online.mxfp8 import (
     Mxfp8OnlineLinearMethod,
@@ -47,6 +48,17 @@ CASES = {
     "checkpoint+linear": (BLOCK_FP8, "fp8", LINEAR),
     "online+targets": (None, "online", TARGETS),
     "online+linear": (None, "online", LINEAR),
+    "mxfp8-shorthand": (None, "mxfp8", None),
+    "online+moe": (None, "online", {"moe": "mxfp8"}),
+    "bf16": (None, None, None),
+}
+# BF16 checkpoint cases without `targets`: whether a `linear` config would
+# have reached the projections, so a warning says how to name them.
+KEEPS_BF16_WARNS = {
+    "online+linear": True,
+    "mxfp8-shorthand": True,
+    "online+moe": False,
+    "bf16": False,
 }
 
 # GLM-5.3-Flash's layers 0-2 are KDA, layer 3 the first MLA, then every 4th.
@@ -89,10 +101,12 @@ def quant_methods(module, names) -> dict[str, type]:
 
 
 @pytest.mark.parametrize("kind", list(PROJECTIONS))
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    "case", ["checkpoint+targets", "checkpoint+linear", "online+targets"]
+)
 def test_online_config_reaches_attention_projections(case, kind, make_vllm_config):
-    """`linear` and `targets` quantize the same projections whichever the
-    checkpoint: block-FP8 (composed) or BF16 (`--quantization online`)."""
+    """`targets` quantizes the projections it names whichever the checkpoint;
+    `linear` reaches them only when composed with a quantized checkpoint."""
     layer = build_layer(make_case_config(make_vllm_config, case), LAYERS[kind])
 
     unquantized = UNQUANTIZED[case.split("+")[1]]
@@ -102,22 +116,25 @@ def test_online_config_reaches_attention_projections(case, kind, make_vllm_confi
     }
 
 
-def test_quantization_shorthand_keeps_attention_projections_bf16(make_vllm_config):
-    """`--quantization mxfp8` quantizes the MLPs and, as before, none of these
-    projections; `--quantization online` with the same scheme reaches them."""
-    shorthand = build_layer(make_vllm_config(quantization="mxfp8"), LAYERS["kda"])
-    explicit = build_layer(
-        make_case_config(make_vllm_config, "online+linear"), LAYERS["kda"]
-    )
+@pytest.mark.parametrize("case", list(KEEPS_BF16_WARNS))
+def test_bf16_checkpoint_without_targets_keeps_attention_projections_bf16(
+    case, make_vllm_config, caplog_vllm
+):
+    """With a BF16 checkpoint and no `targets`, the projections stay BF16, as
+    before; a `linear` config that would have reached them logs how to name
+    them."""
+    _print_warning_once.cache_clear()  # `logger.warning_once` dedupes across tests
+    for kind, layer_idx in LAYERS.items():
+        layer = build_layer(make_case_config(make_vllm_config, case), layer_idx)
+        assert set(quant_methods(layer.self_attn, PROJECTIONS[kind]).values()) == {
+            UnquantizedLinearMethod
+        }
 
-    names = PROJECTIONS["kda"]
-    assert type(shorthand.mlp.down_proj.quant_method) is Mxfp8OnlineLinearMethod
-    assert set(quant_methods(shorthand.self_attn, names).values()) == {
-        UnquantizedLinearMethod
-    }
-    assert set(quant_methods(explicit.self_attn, names).values()) == {
-        Mxfp8OnlineLinearMethod
-    }
+    warnings = [
+        r.getMessage() for r in caplog_vllm.records if "stay BF16" in r.getMessage()
+    ]
+    assert bool(warnings) is KEEPS_BF16_WARNS[case], warnings
+    assert all("--quantization online with targets naming them" in w for w in warnings)
 
 
 @pytest.mark.parametrize(
