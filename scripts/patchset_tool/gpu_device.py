@@ -101,7 +101,7 @@ def prepare(part: Path, root: Path) -> dict:
                 check=False,
             )  # fmt: skip
             if done.returncode:
-                fail(f"pip could not install the stage's wheels (exit {done.returncode})")
+                fail(f"pip could not install the wheels (exit {done.returncode})")
         for tree in TREES:
             shutil.rmtree(root / f"tree-{tree}", ignore_errors=True)
         _link_tree(root / "vllm-py", root / "tree-pristine")
