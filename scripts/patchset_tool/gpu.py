@@ -28,12 +28,14 @@ import lzma
 import re
 import shlex
 import shutil
+import struct
 import subprocess
 import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from .digests import file_sha256
+from .errors import PatchsetError
 from .junit import OUTCOMES, read_outcomes
 
 CARRY_LIMIT = 64 * 1024 * 1024
@@ -269,37 +271,179 @@ def device_command(
     return "; ".join(steps)
 
 
-def collect(files_dir: Path, dest: Path) -> str:
-    """Copy what a device run sent back into `dest`; summarise it.
-
-    `files_dir` is the folder the run's `$OUT` files came back to. Every file
-    in it is copied into `dest` (created if missing). The summary counts the
-    passed, failed, errored and skipped tests from `junit.xml`, names all but
-    the passed ones, and names the benchmark log when there is one; it
-    reports a missing or unreadable `junit.xml` instead of raising (a run
-    with the benchmark alone has none).
-    """
-    dest.mkdir(parents=True, exist_ok=True)
-    for src in sorted(files_dir.iterdir()):
-        if src.is_file():
-            shutil.copyfile(src, dest / src.name)
-    junit = dest / "junit.xml"
-    bench_log = dest / "bench.log"
-    if not junit.exists() and bench_log.exists():
-        return f"benchmark only (no tests staged): {bench_log}"
-    try:
-        outcomes = read_outcomes(junit)
-    except (FileNotFoundError, ET.ParseError) as exc:
-        return f"no test results: {junit}: {exc}"
+def _summary(junit: Path, outcomes: dict[str, str]) -> list[str]:
     named = {o: [n for n, got in outcomes.items() if got == o] for o in OUTCOMES}
-    lines = [
-        (
-            f"{len(named['passed'])} passed, {len(named['failed'])} failed, "
-            f"{len(named['error'])} errors, {len(named['skipped'])} skipped ({dest})"
-        )
-    ]
+    counts = ", ".join(f"{len(named[o])} {o}" for o in OUTCOMES)
+    lines = [f"{junit.name}: {counts}"]
     for label in ("failed", "error", "skipped"):
         lines += [f"  {label}: {n}" for n in named[label]]
-    if (dest / "bench.log").exists():
+    return lines
+
+
+def compare_trees(
+    pristine: dict[str, str], patched: dict[str, str], base_failures: set[str]
+) -> list[str]:
+    """What differs between the pristine and the patched run of the same
+    tests beyond what the series claims: every test in both with the same
+    outcome, except `base_failures`, which must fail (or error) pristine
+    and pass patched. One line per departure; none when they agree."""
+    problems = []
+    for node in sorted(set(pristine) | set(patched)):
+        before, after = pristine.get(node, "absent"), patched.get(node, "absent")
+        if node in base_failures:
+            if before not in ("failed", "error") or after != "passed":
+                problems.append(
+                    f"  {node}: {before} pristine, {after} patched (the series "
+                    "claims: red pristine, passed patched)"
+                )
+        elif before != after:
+            problems.append(f"  {node}: {before} pristine, {after} patched")
+    return problems
+
+
+def collect(files_dir: Path, dest: Path, base_failures: set[str] = frozenset()) -> str:
+    """Copy what one device run sent back into `dest`, whole or not at all;
+    summarise it.
+
+    `files_dir` is the folder the run's `$OUT` files came back to; it may
+    not be `dest` or hold it or lie inside it. The run must have left a
+    benchmark log or at least one `junit*.xml`, and every such XML must
+    parse; otherwise a PatchsetError says so and `dest` keeps the previous
+    run's files untouched. A good run replaces `dest` whole (written beside
+    it first), so no file of an earlier run stays to be counted. With both
+    `junit-pristine.xml` and `junit-patched.xml` (the engine stage), the
+    summary compares them (`compare_trees`).
+    """
+    src, out = files_dir.resolve(), dest.resolve()
+    if src == out or out in src.parents or src in out.parents:
+        raise PatchsetError(
+            f"{files_dir}: is the results folder {dest} or overlaps it; name "
+            "the folder the run's $OUT files came back to"
+        )
+    if not src.is_dir():
+        raise PatchsetError(f"{files_dir}: no such folder")
+    files = sorted(p for p in src.iterdir() if p.is_file())
+    junits = [p for p in files if p.name.startswith("junit") and p.suffix == ".xml"]
+    if not junits and not (src / "bench.log").is_file():
+        raise PatchsetError(
+            f"{files_dir}: no junit*.xml and no bench.log: the run produced no "
+            f"results; nothing collected ({dest} left as it was)"
+        )
+    results: dict[str, dict[str, str]] = {}
+    for junit in junits:
+        try:
+            results[junit.name] = read_outcomes(junit)
+        except ET.ParseError as exc:
+            raise PatchsetError(
+                f"{junit}: not readable junit XML ({exc}); the run did not "
+                f"finish; nothing collected ({dest} left as it was)"
+            ) from exc
+        if not results[junit.name]:
+            raise PatchsetError(
+                f"{junit}: holds no test; nothing collected ({dest} left as it was)"
+            )
+    fresh = out.with_name(out.name + ".incoming")
+    old = out.with_name(out.name + ".previous")
+    for stale in (fresh, old):
+        if stale.exists():
+            shutil.rmtree(stale)
+    fresh.mkdir(parents=True)
+    for path in files:
+        shutil.copyfile(path, fresh / path.name)
+    if out.exists():
+        out.replace(old)
+    fresh.replace(out)
+    if old.exists():
+        shutil.rmtree(old)
+    lines = [f"collected {len(files)} file(s) into {dest}"]
+    for name, outcomes in results.items():
+        lines += _summary(Path(name), outcomes)
+    pair = ("junit-pristine.xml", "junit-patched.xml")
+    if all(name in results for name in pair):
+        problems = compare_trees(results[pair[0]], results[pair[1]], base_failures)
+        lines.append(
+            "pristine vs patched: every test the same but the series' claimed "
+            "fixes (red pristine, passed patched)"
+            if not problems
+            else "pristine vs patched: departures:"
+        )
+        lines += problems
+    if (out / "bench.log").exists():
         lines.append(f"  benchmark: {dest / 'bench.log'}")
     return "\n".join(lines)
+
+
+FATBIN_MAGIC = 0xBA55ED50
+SM90 = 90
+ELF_KIND, PTX_KIND = 2, 1
+
+
+def _fatbin_section(data: bytes) -> tuple[int, int] | None:
+    """Offset and size of the ELF64 section `.nv_fatbin` of `data`, if any."""
+    if data[:4] != b"\x7fELF" or data[4] != 2:
+        raise ValueError("not an ELF64 shared library")
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [
+        struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)
+    ]
+    strtab = headers[shstrndx][4]
+    for name_at, _type, _flags, _addr, offset, size in headers:
+        start = strtab + name_at
+        if data[start : data.index(b"\0", start)] == b".nv_fatbin":
+            return offset, size
+    return None
+
+
+def sm90_only(library: bytes) -> bytes:
+    """The shared library `library` with only SM90 device code.
+
+    Each CUDA fat binary in its `.nv_fatbin` section keeps its SM90 cubins
+    (sm_90 and sm_90a); one with none keeps its newest PTX up to compute_90
+    (the driver compiles it), and one with neither keeps its smallest
+    entry (its kernels cannot run on SM90 in any case, and a fat binary
+    with no entry would not register). Kept entries move to the front of
+    their fat binary, whose size field shrinks; the freed bytes become
+    zeros, which compress to nothing. Offsets, sizes and symbols of the
+    library stay as they were. A library with no fat binary is returned
+    unchanged.
+    """
+    section = _fatbin_section(library)
+    if section is None:
+        return library
+    data = bytearray(library)
+    offset, size = section
+    end = offset + size
+    at = offset
+    while at + 16 <= end:
+        magic, _version, header_size, fat_size = struct.unpack_from("<IHHQ", data, at)
+        if magic != FATBIN_MAGIC:
+            at = (at + 8) & ~7  # fat binaries are 8-byte aligned
+            continue
+        body = at + header_size
+        fat_end = body + fat_size
+        if fat_end > end:
+            raise ValueError(f"fat binary at {at:#x} runs past its section")
+        entries = []
+        cursor = body
+        while cursor < fat_end:
+            kind, _, entry_header, entry_size = struct.unpack_from(
+                "<HHIQ", data, cursor
+            )
+            (arch,) = struct.unpack_from("<I", data, cursor + 28)
+            length = entry_header + entry_size
+            entries.append((kind, arch, bytes(data[cursor : cursor + length])))
+            cursor += length
+        keep = [e for e in entries if e[0] == ELF_KIND and e[1] == SM90]
+        if not keep:
+            ptx = [e for e in entries if e[0] == PTX_KIND and e[1] <= SM90]
+            newest = max((e[1] for e in ptx), default=None)
+            keep = [e for e in ptx if e[1] == newest]
+        if not keep and entries:
+            keep = [min(entries, key=lambda e: len(e[2]))]
+        kept = b"".join(e[2] for e in keep)
+        struct.pack_into("<Q", data, at + 8, len(kept))
+        data[body : body + len(kept)] = kept
+        data[body + len(kept) : fat_end] = bytes(fat_end - body - len(kept))
+        at = fat_end
+    return bytes(data)

@@ -5,11 +5,16 @@ collect a device run's results."""
 
 import argparse
 
-from .. import envmgr, gpu, gpu_stage, runner
+from .. import envmgr, gpu, gpu_engine, gpu_stage, runner
+from ..errors import PatchsetError
+from ..junit import read_node_list
 from ..series import Series
 from .options import Subparsers, chosen_base, command_parser, path_option
 
-HELP = "stage the SM90 tests (--bench: a benchmark) for an H200; --collect its results"
+HELP = (
+    "stage the SM90 tests (--bench: a benchmark; --engine: vLLM itself) for "
+    "an H200; --collect its results"
+)
 
 
 def register(subparsers: Subparsers) -> None:
@@ -26,6 +31,15 @@ def register(subparsers: Subparsers) -> None:
             "online-quantization linear benchmark alone"
         ),
     )
+    parser.add_argument(
+        "--engine",
+        action="store_true",
+        help=(
+            "stage vLLM itself, pristine and patched, in parts of one call each "
+            "(SM90-only extensions, FlashInfer's SM90 MLA, the cp312 wheels the "
+            "machine lacks) and upstream's glm5next step to run on both"
+        ),
+    )
     path_option(
         parser, "--collect", "copy a device run's $OUT into build/gpu/results-<V>"
     )
@@ -34,11 +48,21 @@ def register(subparsers: Subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     base = chosen_base(args)
     if args.collect:
-        print(gpu.collect(args.collect, gpu_stage.results_dir(base)))
-        return 0
+        report = gpu.collect(
+            args.collect,
+            gpu_stage.results_dir(base),
+            read_node_list(base.expected_base_failures),
+        )
+        print(report)
+        return 1 if "departures:" in report else 0
+    if args.engine and args.bench:
+        parser_error = "--engine and --bench stage different things: name one"
+        raise PatchsetError(parser_error)
     envmgr.setup(base)
     runner.ensure_patched_tree(base)
-    if args.bench == "quant":
+    if args.engine:
+        print(gpu_engine.stage_engine(Series.load(base)))
+    elif args.bench == "quant":
         print(gpu_stage.stage_quant_bench(base))
     else:
         print(gpu_stage.stage_tests(Series.load(base), bench=bool(args.bench)))

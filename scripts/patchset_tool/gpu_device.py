@@ -1,0 +1,218 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Runs on the GPU machine: unpacks `gpu --engine`'s parts and runs vLLM there.
+
+This file travels in every part of the engine stage as `engine.py` and uses
+the standard library only (the machine has Python 3.12, torch, triton and no
+vLLM). Everything it unpacks goes under `ENGINE_ROOT` (/tmp/glm5engine), which
+lives only while the machine stays warm:
+
+    python3 PART/engine.py unpack        # one call per part, in any order
+    python3 PART/engine.py tests [ARGS]  # upstream's glm5next step, both trees
+    python3 PART/engine.py run TREE -- CMD...   # any command on one tree
+
+`unpack` extracts its own part (`ext-*.xz` extensions into `ext/`, `*.tar.xz`
+archives into a folder of their stem, wheels into `wheels/`) and records it.
+The other verbs first check that every part of `MANIFEST.json` was unpacked
+(a cold machine forgets them: run the sequence again), install the wheels
+with pip `--no-index --no-deps --target site/`, and build `tree-pristine/`
+(the wheel's Python files) and `tree-patched/` (those plus the series'
+files), each with the extensions linked in. `tests` runs `pytest -v -s
+models/glm5next` from the release's `tests/` folder once per tree, as
+upstream's `glm5next-unit-tests` step does, and writes `junit-<tree>.xml`,
+`pytest-<tree>.log`, `device.txt` and `summary.json` to `$OUT`.
+"""
+
+import json
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ENGINE_ROOT = Path(os.environ.get("GLM5ENGINE_ROOT", "/tmp/glm5engine"))
+TREES = ("pristine", "patched")
+PYTEST_STEP = ["-v", "-s", "models/glm5next"]
+"""Upstream's glm5next-unit-tests step, run from `tests/`."""
+
+SAFE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def fail(message: str) -> None:
+    print(f"engine: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def unpack(part: Path, root: Path) -> None:
+    """Extract `part` into `root` and record it in `root/.parts/`."""
+    started = time.time()
+    for src in sorted(part.iterdir()):
+        name = src.name
+        if name.startswith("ext-") and name.endswith(".xz"):
+            rel = name[len("ext-") : -len(".xz")].replace("+", "/")
+            out = root / "ext" / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(lzma.decompress(src.read_bytes()))
+            out.chmod(0o755)
+        elif name.endswith(".tar.xz"):
+            dest = root / name[: -len(".tar.xz")]
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir(parents=True)
+            with tarfile.open(src) as tar:
+                tar.extractall(dest, filter="tar")
+        elif name.endswith(".whl"):
+            (root / "wheels").mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, root / "wheels" / name)
+    (root / ".parts").mkdir(parents=True, exist_ok=True)
+    (root / ".parts" / part.name).write_text("ok\n")
+    print(f"engine: unpacked {part.name} into {root} ({time.time() - started:.0f} s)")
+
+
+def _link_tree(src: Path, dest: Path) -> None:
+    """`dest` as a copy of `src` made of hard links (symlinks for folders
+    would let the patched files leak into the pristine tree)."""
+    shutil.copytree(src, dest, copy_function=os.link)
+
+
+def prepare(part: Path, root: Path) -> dict:
+    """Check every part is unpacked; install the wheels; build both trees."""
+    manifest = json.loads((part / "MANIFEST.json").read_text())
+    missing = [p for p in manifest["parts"] if not (root / ".parts" / p).exists()]
+    if missing:
+        fail(
+            f"part(s) {', '.join(missing)} not unpacked in {root} (the machine "
+            "went cold between calls?): run every part's `unpack` again"
+        )
+    if not (root / ".ready").exists():
+        wheels = sorted((root / "wheels").glob("*.whl"))
+        if wheels:
+            done = subprocess.run(
+                [sys.executable, "-m", "pip", "install", "-q", "--no-index",
+                 "--no-deps", "--no-compile", "--no-cache-dir", "--upgrade",
+                 "--target", str(root / "site"), *map(str, wheels)],
+                check=False,
+            )  # fmt: skip
+            if done.returncode:
+                fail(f"pip could not install the wheels (exit {done.returncode})")
+        for tree in TREES:
+            shutil.rmtree(root / f"tree-{tree}", ignore_errors=True)
+        _link_tree(root / "vllm-py", root / "tree-pristine")
+        _link_tree(root / "vllm-py", root / "tree-patched")
+        for src in sorted((root / "vllm-patched").rglob("*")):
+            if src.is_file():
+                dest = root / "tree-patched" / src.relative_to(root / "vllm-patched")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if dest.exists():
+                    dest.unlink()
+                shutil.copyfile(src, dest)
+        for tree in TREES:
+            for so in sorted((root / "ext").rglob("*.so")):
+                dest = root / f"tree-{tree}" / so.relative_to(root / "ext")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if not dest.exists():
+                    dest.symlink_to(so)
+            extra = root / "flashinfer"
+            if extra.is_dir():
+                for entry in sorted(extra.iterdir()):
+                    dest = root / f"tree-{tree}" / entry.name
+                    if not dest.exists():
+                        dest.symlink_to(entry)
+        (root / ".ready").write_text("ok\n")
+    return manifest
+
+
+def tree_env(root: Path, tree: str) -> dict[str, str]:
+    env = dict(os.environ, **SAFE_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(root / f"tree-{tree}"), str(root / "site")]
+    )
+    env["VLLM_CACHE_ROOT"] = str(root / f"cache-{tree}")
+    env["FLASHINFER_WORKSPACE_BASE"] = str(root / f"fiws-{tree}")
+    env.setdefault("CUDA_HOME", "/usr/local/cuda")
+    return env
+
+
+VERSIONS = (
+    "import sys,torch,triton;print(sys.version.split()[0],"
+    "torch.__version__,torch.version.cuda,triton.__version__)"
+)
+
+
+def device_info(out: Path) -> None:
+    with open(out / "device.txt", "w") as f:
+        if not shutil.which("nvidia-smi"):
+            f.write("no nvidia-smi on this machine\n")
+            f.flush()
+        else:
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                 "--format=csv,noheader"],
+                stdout=f, stderr=subprocess.STDOUT, check=False,
+            )  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-c",
+             VERSIONS],
+            stdout=f, stderr=subprocess.STDOUT, check=False,
+        )  # fmt: skip
+
+
+def run_tests(root: Path, out: Path, extra: list[str], timeout_s: int) -> int:
+    """Upstream's step on each tree; junit XML and logs into `out`."""
+    summary = {}
+    worst = 0
+    for tree in TREES:
+        started = time.time()
+        cmd = [
+            sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+            *PYTEST_STEP, "-rA", f"--junitxml={out / f'junit-{tree}.xml'}",
+            *extra,
+        ]  # fmt: skip
+        with open(out / f"pytest-{tree}.log", "w") as log:
+            try:
+                done = subprocess.run(
+                    cmd, cwd=root / "src" / "tests", env=tree_env(root, tree),
+                    stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
+                )  # fmt: skip
+                rc = done.returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+        summary[tree] = {"rc": rc, "seconds": round(time.time() - started, 1)}
+        print(f"engine: {tree}: pytest exit {rc} in {summary[tree]['seconds']} s")
+        tail = (out / f"pytest-{tree}.log").read_text(errors="replace")
+        print("\n".join(tail.splitlines()[-3:]))
+        worst = max(worst, 0 if rc in (0, 1) else rc)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return worst
+
+
+def main(argv: list[str]) -> int:
+    part = Path(__file__).resolve().parent
+    if not argv or argv[0] not in ("unpack", "tests", "run"):
+        fail("usage: engine.py unpack | tests [PYTEST_ARG...] | run TREE -- CMD...")
+    verb, rest = argv[0], argv[1:]
+    if verb == "unpack":
+        unpack(part, ENGINE_ROOT)
+        return 0
+    out = Path(os.environ.get("OUT", "/tmp/glm5engine-out"))
+    out.mkdir(parents=True, exist_ok=True)
+    prepare(part, ENGINE_ROOT)
+    device_info(out)
+    if verb == "tests":
+        timeout_s = int(os.environ.get("GLM5ENGINE_TEST_TIMEOUT", "240"))
+        return run_tests(ENGINE_ROOT, out, rest, timeout_s)
+    if len(rest) < 3 or rest[0] not in TREES or rest[1] != "--":
+        fail("usage: engine.py run pristine|patched -- CMD...")
+    env = tree_env(ENGINE_ROOT, rest[0])
+    return subprocess.run(rest[2:], env=env, check=False).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
