@@ -33,7 +33,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from . import envmgr, gitutil, gpu, gpu_flashinfer, paths, upstream
+from . import envmgr, gitutil, gpu, gpu_flashinfer, paths, trees, upstream
 from .digests import file_sha256
 from .errors import PatchsetError
 from .series import Series
@@ -264,10 +264,12 @@ def build(series: Series, dest: Path, *, with_flashinfer: bool = True) -> dict:
     site = envmgr.site_packages(python)
     version = gpu.vllm_version(site)
     cache = paths.cache_root()
+    trees.claim_folder(dest, "the engine stage", kind="gpu-engine-stage")
     if dest.exists():
         shutil.rmtree(dest)
     work = dest / ".work"
     work.mkdir(parents=True)
+    trees.mark(dest, "gpu-engine-stage")
     items: list[Path] = []
     for so in sorted((site / "vllm").rglob("*.so")):
         rel = so.relative_to(site).as_posix()
