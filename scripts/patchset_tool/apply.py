@@ -16,6 +16,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,23 +92,31 @@ def _copy_package(install: InstalledVllm, staging: Path) -> None:
     shutil.copytree(install.dist_info, staging / install.dist_info.name)
 
 
-def apply_series_in(root: Path, series: Series) -> None:
+def apply_series_in(
+    root: Path, series: Series, skip: Collection[str] = ()
+) -> None:
     """Apply `series` to the copy of vLLM's files under `root` (which
-    holds `vllm/`) and prove the result equals the base's overlay; raise
-    naming the patch, file and hunk that fail."""
-    apply_patches(series, root)
-    _compare_with_overlay(series, root)
+    holds `vllm/`), leaving out the paths in `skip`, and prove the result
+    equals the base's overlay; raise naming the patch, file and hunk that
+    fail."""
+    apply_patches(series, root, skip)
+    _compare_with_overlay(series, root, skip)
 
 
-def apply_patches(series: Series, staging: Path) -> None:
+def apply_patches(
+    series: Series, staging: Path, skip: Collection[str] = ()
+) -> None:
     """`git apply` each patch of `series`, in order, to the files under
-    `staging`, as patch(1) would; raise naming the patch, file and hunk."""
+    `staging` (but those in `skip`), as patch(1) would; raise naming the
+    patch, file and hunk."""
     env = gitutil.outside_repo_env(staging)
     kill_after = os.environ.get(KILL_AFTER_VAR)
+    excludes = [f"--exclude={path}" for path in skip]
     for number, patch in enumerate(series.patches, 1):
         proc = gitutil.git(
             "apply",
             "--whitespace=nowarn",
+            *excludes,
             str(patch.path),
             cwd=staging,
             env=env,
@@ -122,11 +131,16 @@ def apply_patches(series: Series, staging: Path) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _compare_with_overlay(series: Series, staging: Path) -> None:
-    """The applied result must equal the base's overlay, file for file."""
+def _compare_with_overlay(
+    series: Series, staging: Path, skip: Collection[str] = ()
+) -> None:
+    """The applied result must equal the base's overlay, file for file
+    (but those in `skip`)."""
     problems = []
     base, touched = series.base, series.touched
     for path in touched:
+        if path in skip:
+            continue
         reference = base.copy_of(path)
         result = staging / path
         if not reference.is_file():

@@ -397,7 +397,7 @@ def export(
             f"export: no {TEMPLATE} in {src} or the release's sdist; nothing "
             "was created"
         )
-    trees.refuse_foreign(out_dir, "--pr-dir", (trees.MARKER,))
+    trees.claim_folder(out_dir, "--pr-dir", kind=KIND)
     who = exporter_identity(src, series)
     plans, heads = plan_and_commit(series, src, names, who)
     staging: Path | None = None

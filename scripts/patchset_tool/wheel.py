@@ -302,8 +302,8 @@ def _patched_files(source: zipfile.ZipFile, series: Series) -> dict[str, bytes]:
         for path, data in pristine.items():
             (root / path).parent.mkdir(parents=True, exist_ok=True)
             (root / path).write_bytes(data)
-        apply.write_source_files(root, series)
-        apply.apply_series_in(root, series)
+        # The wheel ships vllm/ alone: upstream's tests and docs stay out.
+        apply.apply_series_in(root, series, skip=series.source_files)
         return {
             path: (root / path).read_bytes()
             for path in series.touched
