@@ -669,7 +669,7 @@ class Writer:
             self.not_run.append("this change's tests on an SM90 GPU")
             emulated = self.emulated_sm90()
             return (
-                "On an SM90 GPU (upstream's glm5next step runs on an H200): not "
+                "On an SM90 host (upstream's glm5next step runs on an H200): not "
                 "run; the runs above are on a CPU-only host." + emulated
             )
         return (

@@ -243,11 +243,11 @@ def with_evidence(project: Project) -> None:
     logs.mkdir(parents=True)
     test = PROBE_TEST.removeprefix("tests/")
     version = project.version
-    (logs / f"{version}-model-tests-pristine-source.log").write_text(
+    (logs / f"{version}-model-tests-pristine-source-CPU-host.log").write_text(
         f"$ python -m pytest -v -s models/glm5next\n{test}::test_probe FAILED\n"
         "===== 1 failed in 0.1s =====\n"
     )
-    (logs / f"{version}-model-tests-patched-source.log").write_text(
+    (logs / f"{version}-model-tests-patched-source-CPU-host.log").write_text(
         f"$ python -m pytest -v -s models/glm5next\n{test}::test_probe PASSED\n"
         "===== 1 passed in 0.1s =====\n"
     )
