@@ -92,9 +92,7 @@ def _copy_package(install: InstalledVllm, staging: Path) -> None:
     shutil.copytree(install.dist_info, staging / install.dist_info.name)
 
 
-def apply_series_in(
-    root: Path, series: Series, skip: Collection[str] = ()
-) -> None:
+def apply_series_in(root: Path, series: Series, skip: Collection[str] = ()) -> None:
     """Apply `series` to the copy of vLLM's files under `root` (which
     holds `vllm/`), leaving out the paths in `skip`, and prove the result
     equals the base's overlay; raise naming the patch, file and hunk that
@@ -103,9 +101,7 @@ def apply_series_in(
     _compare_with_overlay(series, root, skip)
 
 
-def apply_patches(
-    series: Series, staging: Path, skip: Collection[str] = ()
-) -> None:
+def apply_patches(series: Series, staging: Path, skip: Collection[str] = ()) -> None:
     """`git apply` each patch of `series`, in order, to the files under
     `staging` (but those in `skip`), as patch(1) would; raise naming the
     patch, file and hunk."""
