@@ -24,6 +24,7 @@ from . import paths, sourcetree
 from .bases import Base
 from .errors import PatchsetError
 from .junit import read_outcomes
+from .series import Series
 
 LIST = paths.REPO / "ci" / "upstream_neighbours.txt"
 SKIP = "skip:"
@@ -107,8 +108,14 @@ def run_part(part: Part, python: Path, base: Base) -> None:
     hold them to the same outcome for every test."""
     assert part.log is not None
     neighbours = load()
-    runnable = [n.path for n in neighbours if not n.skip]
+    changed = Series.load(base).touched
+    runnable = [n.path for n in neighbours if not n.skip and n.path not in changed]
     notes = [f"not run: {n.path}: {n.skip}" for n in neighbours if n.skip]
+    notes += [
+        f"not run: {n.path}: the series changes it (the model-test parts run it)"
+        for n in neighbours
+        if n.path in changed
+    ]
     runs: dict[str, dict[str, str]] = {}
     for tree in ("pristine", "patched"):
         with sourcetree.checkout_for_tests(base, tree == "patched") as checkout:
