@@ -301,7 +301,7 @@ def compare_trees(
     return problems
 
 
-def collect(files_dir: Path, dest: Path, base_failures: set[str] = frozenset()) -> str:
+def collect(files_dir: Path, dest: Path, base_failures: set[str] | None = None) -> str:
     """Copy what one device run sent back into `dest`, whole or not at all;
     summarise it.
 
@@ -360,7 +360,9 @@ def collect(files_dir: Path, dest: Path, base_failures: set[str] = frozenset()) 
         lines += _summary(Path(name), outcomes)
     pair = ("junit-pristine.xml", "junit-patched.xml")
     if all(name in results for name in pair):
-        problems = compare_trees(results[pair[0]], results[pair[1]], base_failures)
+        problems = compare_trees(
+            results[pair[0]], results[pair[1]], base_failures or set()
+        )
         lines.append(
             "pristine vs patched: every test the same but the series' claimed "
             "fixes (red pristine, passed patched)"

@@ -681,13 +681,14 @@ class Writer:
         """The emulated SM90 host's outcomes of this change's tests, or ''."""
         ev = self.evidence
         pristine, patched = self.mine(ev.sm90_pristine), self.mine(ev.sm90_patched)
-        if not pristine or not patched:
+        log = ev.sources.sm90_patched_log
+        if not pristine or not patched or log is None:
             return ""
         red = sum(o == "failed" for o in pristine.values())
         return (
             " On an emulated SM90 host (vLLM's platform answering as one SM90 "
             "GPU for the whole session, a stub CUDA driver; "
-            f"`{rel(ev.sources.sm90_patched_log)}`): {red} of {len(pristine)} fail "
+            f"`{rel(log)}`): {red} of {len(pristine)} fail "
             f"on vLLM {self.version} without this change; with it, "
             f"{_summary(patched)}."
         )

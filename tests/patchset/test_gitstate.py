@@ -87,7 +87,8 @@ def test_every_git_operation_in_progress_is_named(
         command = ["am", "-3", patch.strip()]
     start(tiny, *command)
     found = gitutil.operation_in_progress(tiny)
-    assert found is not None and named in found, found
+    assert found is not None and named is not None, found
+    assert named in found, found
     if command[0] != "bisect":
         assert gitutil.operation_in_progress(tiny, allow_bisect=True) is not None
     else:

@@ -67,7 +67,7 @@ def _abort_on_usage_errors(parser: argparse.ArgumentParser) -> None:
         return parsed, []
 
     parser.error = error  # type: ignore[method-assign]
-    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign, assignment]
 
 
 def run(args: argparse.Namespace) -> int:

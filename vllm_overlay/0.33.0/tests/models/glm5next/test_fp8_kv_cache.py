@@ -40,7 +40,7 @@ def _on_hopper(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         "vllm.platforms.cuda", reason="needs the CUDA driver", exc_type=ImportError
     )
 
-    class Sm90CudaPlatform(cuda.CudaPlatform):
+    class Sm90CudaPlatform(cuda.CudaPlatform):  # type: ignore[name-defined]
         @classmethod
         def get_device_capability(cls, device_id: int = 0) -> DeviceCapability:
             return DeviceCapability(9, 0)
