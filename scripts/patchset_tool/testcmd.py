@@ -155,19 +155,51 @@ def tool_tests(part: Part, python: Path, env: dict[str, str], workers: int) -> N
     _expect(part, _pytest(part, [*command, "tests/patchset"], paths.REPO, env))
 
 
-def model_tests(part: Part, python: Path, base: Base, patched: bool) -> None:
-    """The model tests of one base's source tree, run as upstream CI runs
-    them: `pytest -v -s models/glm5next` from its tests/ folder."""
+def _checkout_tests(
+    part: Part,
+    python: Path,
+    base: Base,
+    patched: bool,
+    files: list[str],
+    plugin_env: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Run `files` with pytest from tests/ of `base`'s release checkout, as
+    upstream CI runs them; `plugin_env` loads the emulated-SM90 plugin."""
     command = [str(python), "-m", "pytest", "-v", "-s", "-p", "no:cacheprovider"]
     tree = "checkout-patched" if patched else "checkout-pristine"
     with sourcetree.checkout_for_tests(base, patched) as checkout:
         env = sourcetree.checkout_env(python, base, checkout, tree)
-        outcomes = _pytest(part, [*command, "models/glm5next"], checkout / "tests", env)
-    skips = read_node_list(base.expected_skips)
-    failures = read_node_list(base.expected_cpu_failures)
+        if plugin_env is not None:
+            command += ["-p", "glm5next_sm90_host"]
+            env["PYTHONPATH"] += os.pathsep + str(paths.SUITE)
+            env |= plugin_env
+        return _pytest(part, [*command, *files], checkout / "tests", env)
+
+
+def _expect_model_tests(
+    part: Part,
+    outcomes: dict[str, str],
+    base: Base,
+    patched: bool,
+    host_failures: Path,
+    host_skips: Path,
+) -> None:
+    """Exactly the host's failures (plus, pristine, the series' red tests
+    that run on this host) fail, and exactly the host's skips skip."""
+    skips = read_node_list(host_skips)
+    failures = read_node_list(host_failures)
     if not patched:
         failures |= read_node_list(base.expected_base_failures) - skips
     _expect(part, outcomes, failures, skips)
+
+
+def model_tests(part: Part, python: Path, base: Base, patched: bool) -> None:
+    """The model tests of one base's source tree, run as upstream CI runs
+    them: `pytest -v -s models/glm5next` from its tests/ folder."""
+    outcomes = _checkout_tests(part, python, base, patched, ["models/glm5next"])
+    _expect_model_tests(
+        part, outcomes, base, patched, base.expected_cpu_failures, base.expected_skips
+    )
 
 
 def upstream_tests_touched(series: Series) -> list[str]:
@@ -191,20 +223,17 @@ def model_tests_on_sm90(part: Part, python: Path, base: Base, patched: bool) -> 
     `expected-sm90-skips.txt` (which need a real GPU) skip, exactly those in
     `expected-sm90-failures.txt` fail in both trees, and on the pristine
     tree those of `expected-base-failures.txt` that run here fail too."""
-    command = [str(python), "-m", "pytest", "-v", "-s", "-p", "no:cacheprovider"]
-    command += ["-p", "glm5next_sm90_host"]
     files = ["models/glm5next", *upstream_tests_touched(Series.load(base))]
-    tree = "checkout-patched" if patched else "checkout-pristine"
-    skips = read_node_list(base.expected_sm90_skips)
-    with sourcetree.checkout_for_tests(base, patched) as checkout:
-        env = sourcetree.checkout_env(python, base, checkout, tree)
-        env["PYTHONPATH"] += os.pathsep + str(paths.SUITE)
-        env[SM90_GPU_ONLY_VAR] = str(base.expected_sm90_skips)
-        outcomes = _pytest(part, [*command, *files], checkout / "tests", env)
-    failures = read_node_list(base.expected_sm90_failures)
-    if not patched:
-        failures |= read_node_list(base.expected_base_failures) - skips
-    _expect(part, outcomes, failures, skips)
+    plugin_env = {SM90_GPU_ONLY_VAR: str(base.expected_sm90_skips)}
+    outcomes = _checkout_tests(part, python, base, patched, files, plugin_env)
+    _expect_model_tests(
+        part,
+        outcomes,
+        base,
+        patched,
+        base.expected_sm90_failures,
+        base.expected_sm90_skips,
+    )
 
 
 def verification_suite(part: Part, python: Path, base: Base) -> None:

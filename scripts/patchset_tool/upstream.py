@@ -108,7 +108,7 @@ def sdist(version: str) -> Path:
     """VLLM's sdist for `version`, downloaded once and sha256-checked, and
     checked again against the recorded sha256 on every use: a damaged
     copy is named and fetched again."""
-    archive = paths.cache_root() / "sdists" / f"vllm-{version}.tar.gz"
+    archive = _sdist_path(version)
     recorded = archive.with_name(archive.name + ".sha256")
     if not archive.is_file():
         return _fetch_sdist(version, archive, recorded)
@@ -143,7 +143,12 @@ def sdist(version: str) -> Path:
 
 def sdist_is_cached(version: str) -> bool:
     """Whether `sdist(version)` can answer without the network."""
-    return (paths.cache_root() / "sdists" / f"vllm-{version}.tar.gz").is_file()
+    return _sdist_path(version).is_file()
+
+
+def _sdist_path(version: str) -> Path:
+    """Where the release's sdist is cached."""
+    return paths.cache_root() / "sdists" / f"vllm-{version}.tar.gz"
 
 
 def release_files(version: str, names: list[str]) -> dict[str, bytes]:
