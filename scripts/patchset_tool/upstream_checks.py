@@ -8,7 +8,9 @@ are taken from the primary base's release source (the cached sdist history,
 so they run in a scratch tree that shows this repository the way upstream
 would hold it:
 
-* `.buildkite/test_areas/`: this repository's `ci/test_areas/`;
+* `.buildkite/`: the base's own (so an upstream test file the series
+  changes counts as run by the upstream step that runs it today), with this
+  repository's `ci/test_areas/` laid over its `test_areas/`;
 * `tests/`: this repository's `tests/` with every base's model tests
   (`vllm_overlay/<version>/tests/`) laid over it;
 * `tools/pre_commit/test_tethering_allowlist.txt`:
@@ -23,6 +25,7 @@ suffix, since upstream's script tells the comment style by the suffix.
 
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from pathlib import Path
 from typing import TextIO
@@ -43,6 +46,16 @@ def upstream_script(base: Base, script: str) -> str:
     return gitutil.git("show", f"{base.tag}:{script}", cwd=history).stdout
 
 
+def _extract_upstream(base: Base, folder: str, dest: Path) -> None:
+    """Write `folder` of `base`'s release source under `dest`."""
+    history = upstream.release_history()
+    with tempfile.TemporaryDirectory(prefix="patchset-archive-") as tmp:
+        archive = Path(tmp) / "folder.tar"
+        gitutil.git("archive", f"--output={archive}", base.tag, folder, cwd=history)
+        with tarfile.open(archive) as tar:
+            tar.extractall(dest, filter="data")
+
+
 def _copy_tree(src: Path, dest: Path) -> None:
     for path in paths.files_under(src):
         target = dest / path.relative_to(src)
@@ -53,7 +66,9 @@ def _copy_tree(src: Path, dest: Path) -> None:
 def tethering_tree(dest: Path, base: Base, repo: Path, test_roots: list[Path]) -> Path:
     """Lay out `repo`'s CI steps, allowlist and the tests under
     `test_roots` (each the parent of a `tests/`-relative tree) as upstream's
-    checkout under `dest`, with `base`'s tethering script; return `dest`."""
+    checkout under `dest`, with `base`'s own Buildkite steps and tethering
+    script; return `dest`."""
+    _extract_upstream(base, ".buildkite", dest)
     _copy_tree(repo / "ci" / "test_areas", dest / ".buildkite" / "test_areas")
     for root in test_roots:
         _copy_tree(root, dest / "tests")

@@ -70,3 +70,20 @@ def test_missing_spdx_header_fails_and_the_file_is_kept(repo: Path) -> None:
     assert not ok
     assert "tests/models/glm5next/test_bare.py" in output
     assert bare.read_text() == "def test_c():\n    pass\n"
+
+
+def test_upstream_test_file_run_by_an_upstream_step_passes(repo: Path) -> None:
+    """A test file of upstream's that the series changes (laid over from an
+    overlay) is tethered by the base's own step that runs it."""
+    overlay = repo / "overlay" / "tests" / "v1" / "attention"
+    overlay.mkdir(parents=True)
+    (overlay / "test_upstream_selection.py").write_text(
+        SPDX + "def test_d():\n    pass\n"
+    )
+    base = bases.get_base()
+    python = envmgr.env_python(base)
+    assert python is not None
+    ok, output = upstream_checks.check_tethering(
+        base, python, repo, [repo / "tests", repo / "overlay" / "tests"]
+    )
+    assert ok, output
