@@ -43,7 +43,12 @@ MLA = "vllm/model_executor/layers/attention/mla_attention.py"
 CONFIG = "vllm/model_executor/models/config.py"
 DTYPES_512 = '(None, "auto", "bfloat16", "float16", "fp8", "fp8_ds_mla")'
 WARNING = (
-    '            if self.head_size == 512 and kv_cache_dtype == "fp8":\n'
+    "            if (\n"
+    '                self.attn_backend.get_name() == "FLASHMLA_SPARSE"\n'
+    "                and self.head_size == 512\n"
+    '                and kv_cache_dtype == "fp8"\n'
+    "            ):\n"
+    "                # FLASHMLA_SPARSE takes head size 512 on SM90 only.\n"
     "                logger.warning_once(_NOPE_FP8_IS_FP8_DS_MLA)\n"
 )
 BACKENDS = "(vllm_config.attention_config.backend, spec_config.attention_backend)"
@@ -56,7 +61,7 @@ MUTATIONS: dict[int, tuple[str, str, str]] = {
     3: (SPARSE, DTYPES_512, '(None, "auto", "bfloat16", "float16", "fp8_ds_mla")'),
     4: (SPARSE, DTYPES_512, DTYPES_512[:-1] + ', "fp8_e4m3")'),
     5: (MLA, WARNING, ""),
-    6: (MLA, "self.head_size == 512 and", "self.head_size == 576 and"),
+    6: (MLA, "and self.head_size == 512\n", "and self.head_size == 576\n"),
     7: (CONFIG, "current_platform.is_device_capability_family(90)\n", "True\n"),
     8: (CONFIG, 'spec_config.method != "mtp"', 'spec_config.method == "mtp"'),
     9: (
@@ -82,10 +87,11 @@ MUTATIONS: dict[int, tuple[str, str, str]] = {
         'if head_size == 512 and kv_cache_dtype != "fp8":',
         'if kv_cache_dtype != "fp8":',
     ),
-    20: (
+    20: (MLA, '512\n                and kv_cache_dtype == "fp8"\n', "512\n"),
+    21: (
         MLA,
-        'self.head_size == 512 and kv_cache_dtype == "fp8":',
-        "self.head_size == 512:",
+        'self.attn_backend.get_name() == "FLASHMLA_SPARSE"\n                and ',
+        "",
     ),
 }
 SUMMARY = re.compile(r"^(FAILED|ERROR) (\S+)", re.M)

@@ -66,6 +66,7 @@ WHEELS = (
     "mistral-common",
     "msgspec",
     "openai",
+    "opentelemetry-api",
     "oss-harmony",
     "orjson",
     "outlines-core",

@@ -226,6 +226,7 @@ sys.path[:0] = [src, suite]
 import vllm
 import vllm.entrypoints.llm, vllm.v1.engine.llm_engine
 import tests.conftest  # upstream's conftest and all it imports
+import tests.utils  # what its dist_init fixture imports
 import glm5next_verify as v
 config = v.create_vllm_config(v.write_model_dir(Path(tmp) / "model"))
 print("OK", vllm.__version__, config.model_config.architecture)

@@ -5,7 +5,6 @@ gives its MLA layers FlashMLA's fp8_ds_mla rows, as DeepSeek-V3.2's. The
 device is the only stub: vLLM's CUDA platform answers as an SM90 GPU."""
 
 import json
-import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -172,13 +171,31 @@ def test_mtp_drafter_beside_per_tensor_rows_keeps_the_engine_on_them(
     assert vllm_config.cache_config.cache_dtype == "fp8_e4m3"
 
 
-def test_mtp_drafter_pinned_to_flashmla_leaves_fp8_to_selection(
-    config_on_hopper,
+@pytest.mark.parametrize(
+    "drafter",
+    [{}, {"attention_backend": FLASHMLA}, {"kv_cache_dtype": "fp8"}],
+    ids=["unpinned", "pinned-to-flashmla", "naming-fp8"],
+)
+def test_mtp_drafter_leaves_fp8_to_selection(
+    config_on_hopper, drafter: dict[str, str]
 ) -> None:
-    spec = MTP | {"attention_backend": FLASHMLA}
+    spec = MTP | drafter
     vllm_config = config_on_hopper(kv_cache_dtype="fp8", speculative_config=spec)
     assert vllm_config.cache_config.cache_dtype == "fp8"
-    assert vllm_config.speculative_config.kv_cache_dtype is None
+    assert vllm_config.speculative_config.kv_cache_dtype == drafter.get(
+        "kv_cache_dtype"
+    )
+
+
+def test_fp8_without_a_drafter_is_left_to_selection(config_on_hopper) -> None:
+    vllm_config = config_on_hopper(kv_cache_dtype="fp8")
+    assert vllm_config.cache_config.cache_dtype == "fp8"
+
+
+def test_drafter_rules_leave_the_bf16_default_alone(config_on_hopper) -> None:
+    spec = MTP | {"attention_backend": FLASHINFER}
+    vllm_config = config_on_hopper(kv_cache_dtype="auto", speculative_config=spec)
+    assert vllm_config.cache_config.cache_dtype == "auto"
 
 
 @pytest.mark.parametrize(
@@ -210,32 +227,31 @@ def test_fp8_drafter_rules_are_hopper_only(make_vllm_config, monkeypatch) -> Non
     assert vllm_config.cache_config.cache_dtype == "fp8"
 
 
-@pytest.mark.usefixtures("distributed")
-def test_fp8_warns_that_the_rows_change(
-    make_vllm_config, monkeypatch: pytest.MonkeyPatch, caplog_vllm
-) -> None:
-    """An MLA layer on FLASHMLA_SPARSE stores fp8 as fp8_ds_mla and says what
-    that replaces (a GPU-free attention impl is the device stub)."""
+def _mla_layer_on(
+    backend: type, make_vllm_config, monkeypatch: pytest.MonkeyPatch
+) -> tuple[MLAAttention, list[str]]:
+    """The MLA attention of a GLM-5.3-Flash decoder layer built with fp8 on
+    `backend` (a GPU-free attention impl is the device stub), and the
+    messages `MLAAttention` passed to `warning_once` meanwhile."""
     import torch
 
     import vllm.model_executor.layers.attention.mla_attention as mla_attention
     from vllm.models.glm5next.common.model import Glm5NextDecoderLayer
     from vllm.utils.torch_utils import set_default_torch_dtype
 
+    warnings: list[str] = []
     monkeypatch.setattr(
-        mla_attention, "get_attn_backend", lambda *a, **k: FlashMLASparseBackend
+        mla_attention.logger, "warning_once", lambda msg, *a, **k: warnings.append(msg)
     )
+    monkeypatch.setattr(mla_attention, "get_attn_backend", lambda *a, **k: backend)
     monkeypatch.setattr(
-        FlashMLASparseBackend,
-        "get_impl_cls",
-        staticmethod(lambda: _NoGpuSparseMLAImpl),
+        backend, "get_impl_cls", staticmethod(lambda: _NoGpuSparseMLAImpl)
     )
     vllm_config = make_vllm_config(kv_cache_dtype="fp8")
     with (
         set_current_vllm_config(vllm_config),
         set_default_torch_dtype(vllm_config.model_config.dtype),
         torch.device("meta"),
-        caplog_vllm.at_level(logging.WARNING),
     ):
         layer = Glm5NextDecoderLayer(
             vllm_config=vllm_config,
@@ -244,9 +260,35 @@ def test_fp8_warns_that_the_rows_change(
             prefix="model.layers.3",
         )
     (attention,) = [m for m in layer.modules() if isinstance(m, MLAAttention)]
+    return attention, warnings
+
+
+@pytest.mark.usefixtures("distributed")
+def test_fp8_warns_that_the_rows_change(make_vllm_config, monkeypatch) -> None:
+    attention, warnings = _mla_layer_on(
+        FlashMLASparseBackend, make_vllm_config, monkeypatch
+    )
     assert attention.kv_cache_dtype == "fp8_ds_mla"
-    assert "656-byte fp8_ds_mla rows" in caplog_vllm.text
-    assert "fp8_e4m3 keeps the per-tensor rows" in caplog_vllm.text
+    (warning,) = [w for w in warnings if "fp8_ds_mla rows" in w]
+    assert "656-byte fp8_ds_mla rows" in warning
+    assert "fp8_e4m3 keeps the per-tensor rows" in warning
+
+
+@pytest.mark.usefixtures("distributed")
+def test_fp8_on_sm120s_sparse_backend_has_no_hopper_warning(
+    make_vllm_config, monkeypatch
+) -> None:
+    """SM120's FlashInfer backend stored fp8 as fp8_ds_mla before this
+    change: nothing changed there to warn of."""
+    from vllm.v1.attention.backends.mla.flashinfer_mla_sparse import (
+        FlashInferMLASparseSM120Backend,
+    )
+
+    attention, warnings = _mla_layer_on(
+        FlashInferMLASparseSM120Backend, make_vllm_config, monkeypatch
+    )
+    assert attention.kv_cache_dtype == "fp8_ds_mla"
+    assert not [w for w in warnings if "fp8_ds_mla rows" in w]
 
 
 class _NoGpuSparseMLAImpl:

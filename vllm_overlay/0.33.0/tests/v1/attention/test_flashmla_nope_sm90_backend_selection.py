@@ -286,6 +286,14 @@ def test_sm90_nope_512_order_follows_the_cache_dtype(kv_cache_dtype, first):
     assert candidates[0] == first, order
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3", "fp8"])
+def test_sm90_576_order_keeps_flashmla_ahead_of_flashinfer(kv_cache_dtype):
+    """The dtype-keyed 512 order leaves 576 (DeepSeek-V3.2) as it was."""
+    order = _sparse_order(kv_cache_dtype, 576, num_heads=64, capability=SM90)
+    flashmla = order.index("FLASHMLA_SPARSE")
+    assert flashmla < order.index("FLASHINFER_MLA_SPARSE_SM90"), order
+
+
 @pytest.mark.skipif(not current_platform.is_cuda(), reason="Requires CUDA backends")
 def test_sm90_nope_fp8_ds_mla_resolves_to_flashmla():
     """The sparse backends ranked ahead of FLASHMLA_SPARSE for SM90 NoPE-512

@@ -556,7 +556,12 @@ class MLAAttention(nn.Module, AttentionLayerBase):
         if normalized_kv_cache_dtype != kv_cache_dtype:
             if cache_config is not None:
                 cache_config.cache_dtype = normalized_kv_cache_dtype
-            if self.head_size == 512 and kv_cache_dtype == "fp8":
+            if (
+                self.attn_backend.get_name() == "FLASHMLA_SPARSE"
+                and self.head_size == 512
+                and kv_cache_dtype == "fp8"
+            ):
+                # FLASHMLA_SPARSE takes head size 512 on SM90 only.
                 logger.warning_once(_NOPE_FP8_IS_FP8_DS_MLA)
             kv_cache_dtype = normalized_kv_cache_dtype
             logger.info_once(
