@@ -318,18 +318,16 @@ class Evidence:
     gpu_device: str
     sm90_pristine: Run | None = None
     sm90_patched: Run | None = None
+    gpu_step: dict[str, dict[str, str]] | None = None
 
     @classmethod
     def read(cls, sources: Sources) -> "Evidence":
-        gpu, device = None, ""
-        junit = sources.gpu_results / "junit.xml"
-        if junit.is_file():
-            try:
-                gpu = read_outcomes(junit)
-            except ET.ParseError:
-                gpu = None
-            info = sources.gpu_results / "device.txt"
-            device = info.read_text().splitlines()[0] if info.is_file() else ""
+        gpu = _junit(sources.gpu_results / "junit.xml")
+        runs = {t: _junit(sources.gpu_results / f"junit-{t}.xml") for t in TREES}
+        step = {t: o for t, o in runs.items() if o is not None}
+        info = sources.gpu_results / "device.txt"
+        lines = info.read_text(errors="replace").splitlines() if info.is_file() else []
+        device = lines[0] if lines else ""
         neighbours = (
             sources.neighbours_log.read_text(errors="replace")
             if sources.neighbours_log.is_file()
@@ -347,6 +345,7 @@ class Evidence:
             device.strip(),
             read_log(sources.sm90_pristine_log) if sources.sm90_pristine_log else None,
             read_log(sources.sm90_patched_log) if sources.sm90_patched_log else None,
+            step if len(step) == len(TREES) else None,
         )
 
     def pool(self, patch: Patch | None = None) -> Pool:
@@ -375,6 +374,10 @@ class Evidence:
             )
         if self.gpu is not None:
             pool.add(_count_figures(self.gpu), rel(self.sources.gpu_results))
+        if self.gpu_step is not None:
+            pool.add(self.gpu_device, rel(self.sources.gpu_results / "device.txt"))
+            for outcomes in self.gpu_step.values():
+                pool.add(_file_figures(outcomes), rel(self.sources.gpu_results))
         return pool
 
 
@@ -385,9 +388,14 @@ def _count_figures(outcomes: dict[str, str]) -> list[str]:
 
 def _log_figures(run: Run) -> list[str]:
     """The counts a log gives: over all tests and per test file."""
-    figures = _count_figures(run.outcomes)
+    return _file_figures(run.outcomes)
+
+
+def _file_figures(outcomes: dict[str, str]) -> list[str]:
+    """The counts of `outcomes`: over all tests and per test file."""
+    figures = _count_figures(outcomes)
     files: dict[str, dict[str, str]] = {}
-    for node, outcome in run.outcomes.items():
+    for node, outcome in outcomes.items():
         files.setdefault(node.split("::")[0], {})[node] = outcome
     for per_file in files.values():
         figures += _count_figures(per_file)
@@ -662,9 +670,35 @@ class Writer:
         return "\n".join(lines)
 
     def sm90(self, files: list[str]) -> str:
-        gpu = self.evidence.gpu or {}
         names = {Path(f).name for f in files}
-        mine = {n: o for n, o in gpu.items() if Path(n.split("::")[0]).name in names}
+
+        def of_mine(outcomes: dict[str, str] | None) -> dict[str, str]:
+            return {
+                n: o
+                for n, o in (outcomes or {}).items()
+                if Path(n.split("::")[0]).name in names
+            }
+
+        step = self.evidence.gpu_step or {}
+        pristine, patched = of_mine(step.get("pristine")), of_mine(step.get("patched"))
+        if pristine and patched:
+            red = sum(o in ("failed", "error") for o in pristine.values())
+            lines = [
+                (
+                    f"On an SM90 GPU ({self.evidence.gpu_device or 'unnamed'}), "
+                    "upstream's glm5next step from `tests/` "
+                    f"(`{rel(self.evidence.sources.gpu_results)}`): {red} of "
+                    f"{len(pristine)} fail on vLLM {self.version} without this "
+                    f"change; with it, {_summary(patched)}."
+                )
+            ]
+            lines += [
+                f"- {o} (without this change: {pristine.get(n, 'not run')}): {n}"
+                for n, o in sorted(patched.items())
+                if o != "passed"
+            ]
+            return "\n".join(lines) + "\n\n" + self.emulated_sm90().strip()
+        mine = of_mine(self.evidence.gpu)
         if not mine:
             self.not_run.append("this change's tests on an SM90 GPU")
             emulated = self.emulated_sm90()
@@ -718,9 +752,11 @@ class Writer:
     def gpu_suite(self) -> str:
         gpu = self.evidence.gpu
         if gpu is None:
-            self.not_run.append("an H200 run (`scripts/patchset gpu --collect`)")
+            self.not_run.append(
+                "this project's SM90 kernel tests (`scripts/patchset gpu --collect`)"
+            )
             return (
-                "On the H200: not run (no `gpu --collect` results in "
+                "This project's SM90 kernel tests: not run (no `junit.xml` in "
                 f"`{rel(self.evidence.sources.gpu_results)}`)."
             )
         files = sorted({Path(n.split("::")[0]).name for n in gpu})
@@ -822,6 +858,18 @@ def _label(item: str) -> str:
     bold = re.search(r"\*\*(.+?):?\*\*", item)
     text = bold.group(1) if bold else re.split(r"[.(]", item.strip())[0]
     return text.strip().rstrip(":").replace("`", "")
+
+
+TREES = ("pristine", "patched")
+"""The trees of the engine stage's run (`gpu --engine`): one junit each."""
+
+
+def _junit(path: Path) -> dict[str, str] | None:
+    """The outcomes `path` holds, or None when it is absent or not XML."""
+    try:
+        return read_outcomes(path) if path.is_file() else None
+    except ET.ParseError:
+        return None
 
 
 def _summary(outcomes: dict[str, str]) -> str:

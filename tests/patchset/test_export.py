@@ -290,6 +290,32 @@ def test_description_carries_the_traced_figures_and_the_red_green(
     assert "ok" in checked.stdout
 
 
+def test_description_carries_upstreams_step_on_a_gpu(
+    project: Project, checkout: Path, env: dict[str, str]
+) -> None:
+    """With both trees' junit XML from `gpu --engine` collected, Validation
+    gives this change's red-green on the GPU the run names."""
+    with_evidence(project)
+    results = project.root / "build" / "gpu" / f"results-{project.version}"
+    results.mkdir(parents=True)
+    (results / "device.txt").write_text("NVIDIA H100 80GB HBM3, 580.159.04\n")
+    module = PROBE_TEST.removeprefix("tests/").removesuffix(".py").replace("/", ".")
+    for tree, outcome in (("pristine", "<failure/>"), ("patched", "")):
+        (results / f"junit-{tree}.xml").write_text(
+            f'<testsuite><testcase classname="{module}" name="test_probe">'
+            f"{outcome}</testcase></testsuite>"
+        )
+    result = export(project, env, "--vllm-src", str(checkout))
+    assert result.returncode == 0, result.stderr
+    out = project.root / "build" / "pr-descriptions"
+    validation = (out / first_name()).read_text().split("## Validation")[1]
+    assert (
+        "On an SM90 GPU (NVIDIA H100 80GB HBM3, 580.159.04), upstream's "
+        "glm5next step from `tests/`"
+    ) in validation
+    assert "1 of 1 fail on vLLM" in validation and "with it, 1 passed." in validation
+
+
 def first_name() -> str:
     return "glm5next_0001-Model-Add-a-probe-module-to-glm5next.md"
 
