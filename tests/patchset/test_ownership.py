@@ -153,6 +153,28 @@ def test_apply_keeps_neighbours_that_look_like_its_staging(
     assert not killed.exists()
 
 
+# --- worktree ---------------------------------------------------------------------
+
+
+def test_worktree_keeps_neighbours_that_look_like_its_staging(
+    project: Project, series: Path, history: Path, tmp_path: Path
+) -> None:
+    """Harm (issue 27, folders beside a destination): `worktree --dest`
+    removed `.NAME.staging`, a folder beside it the tool never made."""
+    dest = tmp_path / "wt"
+    mine = [tmp_path / ".wt.staging", tmp_path / f".wt{trees.STAGING}notes"]
+    for folder in mine:
+        folder.mkdir()
+        (folder / "keep.txt").write_text("the user's\n")
+    killed = trees.make_staging(dest)  # what a killed worktree run leaves
+    result = project.patchset("worktree", "--dest", str(dest))
+    assert result.returncode == 0, result.stderr
+    assert (dest / ".git").is_dir()
+    for folder in mine:
+        assert (folder / "keep.txt").read_text() == "the user's\n"
+    assert not killed.exists()
+
+
 # --- build ------------------------------------------------------------------------
 
 
