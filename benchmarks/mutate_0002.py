@@ -51,6 +51,7 @@ WARNING = (
     "                # FLASHMLA_SPARSE takes head size 512 on SM90 only.\n"
     "                logger.warning_once(_NOPE_FP8_IS_FP8_DS_MLA)\n"
 )
+SM90_TEST = "            and current_platform.is_device_capability_family(90)"
 BACKENDS = "(vllm_config.attention_config.backend, spec_config.attention_backend)"
 SUPPORTS = 'not backend.get_class().supports_kv_cache_dtype("fp8_ds_mla")'
 
@@ -69,12 +70,16 @@ MUTATIONS: dict[int, tuple[str, str, str]] = {
         "        if spec_config.kv_cache_dtype is None:\n            spec_config.kv",
         "        if True:\n            spec_config.kv",
     ),
-    10: (CONFIG, 'spec_config.kv_cache_dtype not in (None, "fp8") or ', ""),
+    10: (CONFIG, "if spec_config.kv_cache_dtype is not None or any(", "if any("),
     11: (CONFIG, BACKENDS, "(spec_config.attention_backend,)"),
     12: (CONFIG, SUPPORTS, "True"),
     13: (CONFIG, "_keep_drafter_fp8_rows(vllm_config)\n            return", "return"),
-    14: (CONFIG, 'if cache_config.cache_dtype == "fp8" and (', "if ("),
-    15: (CONFIG, '(None, "fp8") or any(', "(None,) or any("),
+    14: (
+        CONFIG,
+        'cache_config.cache_dtype == "fp8"\n            and current_platform.is_cuda',
+        "current_platform.is_cuda",
+    ),
+    15: (CONFIG, 'if spec_config.kv_cache_dtype == "fp8":', "if False:"),
     16: (CONFIG, SUPPORTS, "False"),
     17: (
         CONFIG,
@@ -92,6 +97,16 @@ MUTATIONS: dict[int, tuple[str, str, str]] = {
         MLA,
         'self.attn_backend.get_name() == "FLASHMLA_SPARSE"\n                and ',
         "",
+    ),
+    22: (
+        CONFIG,
+        "and current_platform.is_cuda()\n" + SM90_TEST,
+        SM90_TEST.lstrip(),
+    ),
+    23: (
+        CONFIG,
+        'kv_cache_dtype = "fp8_e4m3"\n        return',
+        'kv_cache_dtype = "fp8"\n        return',
     ),
 }
 SUMMARY = re.compile(r"^(FAILED|ERROR) (\S+)", re.M)

@@ -117,29 +117,40 @@ class GlmMoeDsaForCausalLM(VerifyAndUpdateConfig):
 
 
 def _keep_drafter_fp8_rows(vllm_config: "VllmConfig") -> None:
-    """Keep a drafter on the rows it stores today when fp8 selects
-    fp8_ds_mla for the target on SM90.
+    """Keep a drafter on rows it can store when fp8 selects fp8_ds_mla for
+    the target on SM90.
 
     The target's first MLA layer writes fp8_ds_mla into the CacheConfig its
     drafter shares, and selecting a target layer cannot see a drafter built
-    after it. A drafter with its own layers gets its own fp8. With an MTP
-    drafter, a backend named for either without fp8_ds_mla, or another cache
-    dtype named for the drafter, keeps the engine on per-tensor rows.
+    after it. A drafter with its own layers keeps per-tensor rows, named
+    fp8_e4m3, which FLASHMLA_SPARSE does not select. An MTP drafter naming
+    fp8 shares the target's rows. With an MTP drafter, a backend named for
+    either without fp8_ds_mla, or another cache dtype named for the drafter,
+    keeps the engine on per-tensor rows.
     """
     spec_config = vllm_config.speculative_config
     if spec_config is None:
         return
     if spec_config.method != "mtp":
         if spec_config.kv_cache_dtype is None:
-            spec_config.kv_cache_dtype = "fp8"
+            spec_config.kv_cache_dtype = "fp8_e4m3"
         return
+    if spec_config.kv_cache_dtype == "fp8":
+        # Share the target's config: a dtype of the drafter's own reaches
+        # its attention metadata builders as plain fp8, not fp8_ds_mla.
+        spec_config.kv_cache_dtype = None
     backends = (vllm_config.attention_config.backend, spec_config.attention_backend)
-    if spec_config.kv_cache_dtype not in (None, "fp8") or any(
+    if spec_config.kv_cache_dtype is not None or any(
         backend is not None
         and not backend.get_class().supports_kv_cache_dtype("fp8_ds_mla")
         for backend in backends
     ):
         vllm_config.cache_config.cache_dtype = "fp8_e4m3"
+        logger.info_once(
+            "Keeping the fp8 KV cache on per-tensor rows (fp8_e4m3): the MTP "
+            "drafter's backend or cache dtype cannot share FlashMLA's fp8_ds_mla "
+            "rows with the target."
+        )
 
 
 class Glm5NextModelConfig(VerifyAndUpdateConfig):
@@ -148,8 +159,10 @@ class Glm5NextModelConfig(VerifyAndUpdateConfig):
         from vllm.platforms import current_platform
 
         cache_config = vllm_config.cache_config
-        if cache_config.cache_dtype == "fp8" and (
-            current_platform.is_device_capability_family(90)
+        if (
+            cache_config.cache_dtype == "fp8"
+            and current_platform.is_cuda()
+            and current_platform.is_device_capability_family(90)
         ):
             _keep_drafter_fp8_rows(vllm_config)
             return

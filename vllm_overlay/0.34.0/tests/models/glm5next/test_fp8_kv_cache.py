@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`--kv-cache-dtype fp8` for GLM-5.3-Flash on Hopper: attention selection
-gives its MLA layers FlashMLA's fp8_ds_mla rows, as DeepSeek-V3.2's. The
-device is the only stub: vLLM's CUDA platform answers as an SM90 GPU."""
+gives its MLA layers FlashMLA's fp8_ds_mla rows, as DeepSeek-V3.2's. vLLM's
+CUDA platform answers as an SM90 GPU; the warning's tests also pin the
+backend and give it an attention impl that needs no GPU."""
 
 import json
 from collections.abc import Callable, Iterator
@@ -145,6 +146,7 @@ def config_on_hopper(
 
     def make(**engine_args) -> Any:
         with monkeypatch.context() as m:
+            m.setattr(current_platform, "is_cuda", lambda: True)
             m.setattr(
                 current_platform,
                 "is_device_capability_family",
@@ -179,12 +181,12 @@ def test_mtp_drafter_beside_per_tensor_rows_keeps_the_engine_on_them(
 def test_mtp_drafter_leaves_fp8_to_selection(
     config_on_hopper, drafter: dict[str, str]
 ) -> None:
+    """It shares the target's CacheConfig (its attention metadata builders
+    would read a dtype named for the drafter)."""
     spec = MTP | drafter
     vllm_config = config_on_hopper(kv_cache_dtype="fp8", speculative_config=spec)
     assert vllm_config.cache_config.cache_dtype == "fp8"
-    assert vllm_config.speculative_config.kv_cache_dtype == drafter.get(
-        "kv_cache_dtype"
-    )
+    assert vllm_config.speculative_config.kv_cache_dtype is None
 
 
 def test_fp8_without_a_drafter_is_left_to_selection(config_on_hopper) -> None:
@@ -200,14 +202,15 @@ def test_drafter_rules_leave_the_bf16_default_alone(config_on_hopper) -> None:
 
 @pytest.mark.parametrize(
     ("drafter_dtype", "expected"),
-    [(None, "fp8"), ("auto", "auto")],
+    [(None, "fp8_e4m3"), ("auto", "auto")],
     ids=["unset", "auto"],
 )
 def test_drafter_with_its_own_layers_keeps_its_dtype(
     config_on_hopper, tmp_path, drafter_dtype: str | None, expected: str
 ) -> None:
     """A draft-model (or EAGLE3, DSpark) drafter builds its own attention
-    layers: they keep the dtype asked for, not the target's fp8_ds_mla."""
+    layers: they keep per-tensor rows (or the dtype asked for), never the
+    target's fp8_ds_mla."""
     draft = tmp_path / "llama-draft"
     draft.mkdir()
     (draft / "config.json").write_text(json.dumps(_LLAMA_DRAFT))
@@ -218,9 +221,17 @@ def test_drafter_with_its_own_layers_keeps_its_dtype(
     assert vllm_config.speculative_config.kv_cache_dtype == expected
 
 
-def test_fp8_drafter_rules_are_hopper_only(make_vllm_config, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    ("is_cuda", "family"), [(True, 100), (False, 90)], ids=["sm100", "rocm-gfx9"]
+)
+def test_fp8_drafter_rules_are_hopper_only(
+    make_vllm_config, monkeypatch, is_cuda: bool, family: int
+) -> None:
+    monkeypatch.setattr(current_platform, "is_cuda", lambda: is_cuda)
     monkeypatch.setattr(
-        current_platform, "is_device_capability_family", lambda f, device_id=0: False
+        current_platform,
+        "is_device_capability_family",
+        lambda f, device_id=0: f == family,
     )
     spec = MTP | {"attention_backend": FLASHINFER}
     vllm_config = make_vllm_config(kv_cache_dtype="fp8", speculative_config=spec)
