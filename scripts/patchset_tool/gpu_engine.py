@@ -44,15 +44,17 @@ WHEELS = (
     "annotated-types",
     "anthropic",
     "apache-tvm-ffi",
+    "astor",
     "blake3",
     "cachetools",
     "cbor2",
     "compressed-tensors",
     "depyf",
-    "astor",
     "dill",
     "docstring-parser",
+    "email-validator",
     "fastapi",
+    "httpcore2",
     "httpx2",
     "ijson",
     "interegular",
@@ -67,8 +69,8 @@ WHEELS = (
     "msgspec",
     "openai",
     "opentelemetry-api",
-    "oss-harmony",
     "orjson",
+    "oss-harmony",
     "outlines-core",
     "partial-json-parser",
     "prometheus-fastapi-instrumentator",
@@ -77,6 +79,7 @@ WHEELS = (
     "pydantic-core",
     "pydantic-extra-types",
     "python-json-logger",
+    "python-multipart",
     "pyzmq",
     "referencing",
     "rpds-py",
@@ -84,14 +87,17 @@ WHEELS = (
     "sniffio",
     "starlette",
     "tblib",
+    "truststore",
     "typing-inspection",
+    "uvicorn",
     "watchfiles",
     "xgrammar",
 )
-"""Distributions vLLM 0.34.0's engine, its entry points and upstream's
-tests/conftest.py import that the GPU machine's image lacks (its list: the
-device's KINDS.md), found by importing them on CPU in a Python 3.12 venv
-holding only that image's packages (`tests/patchset/test_gpu_engine.py`)."""
+"""Distributions vLLM 0.34.0's engine, its entry points, upstream's
+tests/conftest.py and the tests/utils.py its `dist_init` imports need that
+the GPU machine's image lacks (its list: the device's KINDS.md), found by
+importing them on CPU in a Python 3.12 venv holding only that image's
+packages (`tests/patchset/test_gpu_engine.py`)."""
 
 PY_SKIP = ("vllm/vllm-rs", "vllm/third_party/fmha_sm100/")
 """Wheel files the stage leaves out: the 64 MB `vllm-rs` binary (a Rust
