@@ -141,6 +141,10 @@ def test_refresh_and_worktree_refuse_amid_the_users_git_operations(
     assert project.patchset("check").returncode == 0
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_interrupted_refresh_changes_nothing_then_folds_tracked_edits_only(
     project: Project,
     work: Path,  # noqa: F811
@@ -163,6 +167,9 @@ def test_interrupted_refresh_changes_nothing_then_folds_tracked_edits_only(
         capture_output=True,
         text=True,
         start_new_session=True,  # the signal reaches this run only
+        # Ctrl-C as in a terminal, whatever this worker's parent ignores
+        # (Python keeps SIGINT ignored when it starts with it ignored).
+        preexec_fn=_default_sigint,
     )
     assert result.returncode in (130, -signal.SIGINT), result.stderr
     assert git("rev-parse", "HEAD", cwd=work) == head
