@@ -147,9 +147,9 @@ def _keep_drafter_fp8_rows(vllm_config: "VllmConfig") -> None:
     ):
         vllm_config.cache_config.cache_dtype = "fp8_e4m3"
         logger.info_once(
-            "Keeping the fp8 KV cache on per-tensor rows (fp8_e4m3): the MTP "
-            "drafter's backend or cache dtype cannot share FlashMLA's fp8_ds_mla "
-            "rows with the target."
+            "Keeping the fp8 KV cache on per-tensor rows (fp8_e4m3): a pinned "
+            "attention backend or the MTP drafter's own cache dtype cannot "
+            "share FlashMLA's fp8_ds_mla rows between target and drafter."
         )
 
 

@@ -359,12 +359,12 @@ def _detect_output_quant_key(
 _NOPE_FP8_IS_FP8_DS_MLA = (
     "--kv-cache-dtype fp8 on this NoPE sparse MLA model (head size 512) "
     "stores FlashMLA's 656-byte fp8_ds_mla rows (a float32 scale per 128 "
-    "values), where it selected FlashInfer's 512-byte per-tensor rows before "
-    "(one scale, 1.0 unless the checkpoint has one; values above 448 "
-    "saturate): about 22% fewer KV cache tokens; from 16 tokens per batch, "
-    "decode attention in 0.40-0.52x the time of the per-tensor rows and "
-    "1.05-1.56x that of BF16 (H200). --kv-cache-dtype fp8_e4m3 keeps the "
-    "per-tensor rows."
+    "values), where the default selection gave FlashInfer's 512-byte "
+    "per-tensor rows before (one scale, 1.0 unless the checkpoint has one; "
+    "values above 448 saturate): about 22% fewer KV cache tokens; from 16 "
+    "tokens per batch, decode attention in 0.40-0.52x the time of the "
+    "per-tensor rows and 1.05-1.56x that of BF16 (H200). --kv-cache-dtype "
+    "fp8_e4m3 keeps the per-tensor rows."
 )
 
 
