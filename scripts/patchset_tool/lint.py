@@ -5,14 +5,15 @@
 Checks, each run with the given Python's own tools:
 
 * `ruff check` and `ruff format --diff` over vllm_overlay/, tests/, scripts/;
-* mypy for Python 3.11, in groups as upstream's tools/pre_commit/mypy.py:
-  each base's overlay inside that base's patched tree (a full copy of the
-  `vllm` package, so imports resolve to the patched code): its vllm/ files at
-  the configured `follow_imports = "silent"`, its tests with
-  `--follow-imports skip` (upstream's setting for tests/models/); scripts/
-  and the tool's tests at the configured setting;
-  for the overlay, site-packages are not searched, as in upstream's isolated
-  hook environment (which has mypy, pydantic and type stubs, not torch);
+* mypy for Python 3.11: each base's overlay inside that base's patched tree
+  (a full copy of the `vllm` package, so imports resolve to the patched
+  code), its files grouped by `group_files()` of that base's own
+  tools/pre_commit/mypy.py (from the release's sdist): the default group at
+  the configured `follow_imports = "silent"`, every other group with
+  `--follow-imports skip`, as upstream's hook runs them; for the overlay,
+  site-packages are not searched, as in upstream's isolated hook
+  environment (which has mypy, pydantic and type stubs, not torch);
+  scripts/ and the tool's tests at the configured setting;
 * typos (the binary that the `typos` PyPI package puts next to python).
 
 The SPDX header and test tethering are upstream's own scripts
@@ -32,11 +33,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .bases import load_bases
+from . import upstream
+from .bases import Base, load_bases
 
 LINT_DIRS = ("vllm_overlay", "tests", "scripts")
 PYTHON_VERSION = "3.11"
 CHECKS = ("ruff check", "ruff format", "mypy", "typos")
+UPSTREAM_MYPY = "tools/pre_commit/mypy.py"
 
 Result = tuple[str, bool, str]
 
@@ -101,10 +104,21 @@ def _typos(repo: Path, python: str, targets: list[str]) -> Result:
     return "typos", ok, output
 
 
-def _mypy(
-    repo: Path, python: str, overlays: list[tuple[Path, Path]], require_tree: bool
-) -> Result:
-    def base(group: str) -> list[str]:
+def upstream_mypy_groups(base: Base, files: list[str]) -> dict[str, list[str]]:
+    """`files` (paths in vLLM's tree) grouped by `group_files()` of the base's
+    own tools/pre_commit/mypy.py, empty groups left out: "" is checked at the
+    configured follow_imports, any other group with `--follow-imports skip`."""
+    source = upstream.release_files(base.version, [UPSTREAM_MYPY])[UPSTREAM_MYPY]
+    namespace: dict[str, object] = {"__name__": "upstream_mypy"}
+    exec(compile(source, UPSTREAM_MYPY, "exec"), namespace)
+    group_files = namespace["group_files"]
+    assert callable(group_files)
+    groups: dict[str, list[str]] = group_files(files)
+    return {group: members for group, members in groups.items() if members}
+
+
+def _mypy(repo: Path, python: str, bases: list[Base], require_tree: bool) -> Result:
+    def command(group: str) -> list[str]:
         """The mypy command with the group's own cache: groups sharing one would
         overwrite each other's entries (each base's tree has its own `vllm`,
         and the options differ), leaving every run cold."""
@@ -124,7 +138,8 @@ def _mypy(
     outputs: list[str] = []
     ok = True
 
-    for overlay, tree in overlays:
+    for base in bases:
+        overlay, tree = base.overlay, base.patched_tree()
         files = [p.relative_to(overlay).as_posix() for p in _python_files(overlay)]
         missing = [f for f in files if not (tree / f).is_file()]
         if not files:
@@ -141,20 +156,14 @@ def _mypy(
             # Upstream's hook runs mypy in pre-commit's own environment,
             # without vLLM's dependencies; not searching site-packages does
             # the same (and avoids broken stubs there, such as opencv's).
-            # The series' tests are checked as upstream checks tests/.
-            code = [f for f in files if f.startswith("vllm/")]
-            tests = [f for f in files if not f.startswith("vllm/")]
-            for name, group, extra in (
-                ("code", code, []),
-                ("tests", tests, ["--follow-imports", "skip"]),
-            ):
-                if group:
-                    cache = f"{overlay.name}-{name}"
-                    good, text = _run(
-                        [*base(cache), "--no-site-packages", *extra, *group], tree
-                    )
-                    ok &= good
-                    outputs.append(text)
+            for group, members in upstream_mypy_groups(base, files).items():
+                extra = ["--follow-imports", "skip"] if group else []
+                cache = f"{overlay.name}-{group.replace('/', '-') or 'default'}"
+                good, text = _run(
+                    [*command(cache), "--no-site-packages", *extra, *members], tree
+                )
+                ok &= good
+                outputs.append(text)
 
     scripts = repo / "scripts"
     if scripts.is_dir():
@@ -172,14 +181,14 @@ def _mypy(
         ]
         if targets:
             good, text = _run(
-                [*base("scripts"), "--explicit-package-bases", *targets], repo, env
+                [*command("scripts"), "--explicit-package-bases", *targets], repo, env
             )
             ok &= good
             outputs.append(text)
 
     if _python_files(repo / "tests"):
         good, text = _run(
-            [*base("tests"), "--explicit-package-bases", "tests"],
+            [*command("tests"), "--explicit-package-bases", "tests"],
             repo,
             {**os.environ, "MYPYPATH": str(scripts)},
         )
@@ -203,7 +212,6 @@ def run_lint(
     hook run before anything was built).
     """
     repo = repo.resolve()
-    overlays = [(b.overlay, b.patched_tree()) for b in load_bases()]
     targets = _targets(repo)
     wanted = set(only or CHECKS)
     results: list[Result] = []
@@ -226,7 +234,7 @@ def run_lint(
         ok, out = _run([python, "-m", "ruff", "format", "--diff", *targets], repo)
         results.append(("ruff format", ok, out))
     if "mypy" in wanted:
-        results.append(_mypy(repo, python, overlays, require_tree))
+        results.append(_mypy(repo, python, load_bases(), require_tree))
     if "typos" in wanted:
         # typos reads everything (docs, CI files); pyproject excludes patches/
         results.append(_typos(repo, python, ["."]))
