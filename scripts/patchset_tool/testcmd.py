@@ -362,6 +362,20 @@ def run_tests(bases: list[Base], jobs: int = 2) -> int:
             lambda part: tool_tests(part, python, tool_env, workers=jobs),
         )
     ]
+    for base in bases:
+        work.append(
+            (
+                Part(neighbours_part(base.version)),
+                partial(neighbours.run_part, python=pythons[base.version], base=base),
+            )
+        )
+        if base is first:
+            work.append(
+                (
+                    Part("lint (ruff, ruff-format, mypy, typos)"),
+                    command([str(python), "-m", "patchset_tool.lint"]),
+                )
+            )
     hosts = {CPU_HOST: model_tests, SM90_HOST: model_tests_on_sm90}
     for base in bases:
         for host, run_part in hosts.items():
@@ -380,22 +394,10 @@ def run_tests(bases: list[Base], jobs: int = 2) -> int:
     for base in bases:
         work.append(
             (
-                Part(neighbours_part(base.version)),
-                partial(neighbours.run_part, python=pythons[base.version], base=base),
-            )
-        )
-        work.append(
-            (
                 Part(f"{base.version}: verification suite, pristine vs patched"),
                 partial(verification_suite, python=pythons[base.version], base=base),
             )
         )
-    work.append(
-        (
-            Part("lint (ruff, ruff-format, mypy, typos)"),
-            command([str(python), "-m", "patchset_tool.lint"]),
-        )
-    )
     work.append(
         (
             Part("upstream checks (tethering, SPDX)"),
