@@ -274,3 +274,12 @@ def test_ci_run_runs_the_pipeline_steps():
     script = (REPO / ".ci" / "run").read_text()
     ran = [line.strip() for line in script.splitlines() if line.startswith(PATCHSET)]
     assert steps and ran == steps
+
+
+def test_readme_branches_are_exports_default_names():
+    """A branch the README pushes is one `export` makes by default:
+    glm5next/ and the name of a patch of the primary base's series."""
+    patches = {p.stem for p in (REPO / "patches").glob("*/*.patch")}
+    named = re.findall(r"glm5next/(\d{4}-[A-Za-z][\w.-]*)", README.read_text())
+    assert named
+    assert [n for n in named if n not in patches] == []
