@@ -13,6 +13,7 @@ three-way merge, and `worktree` gives a tree to edit.
 
 import contextlib
 import html.parser
+import http.client
 import json
 import os
 import shutil
@@ -178,33 +179,46 @@ def _fetch_sdist(
     version: str, archive: Path, recorded: Path, damaged: bool = False
 ) -> Path:
     """Download the sdist, check it against the index's sha256 and only
-    then put it (and its digest) in place."""
+    then put it (and its digest) in place. The download goes to a file of
+    its own beside the archive, removed on any failure or interrupt, so a
+    cut-short or concurrent fetch never leaves or reads a partial one."""
     print(f"fetching the vllm=={version} sdist from the package index", flush=True)
-    partial = archive.with_name(archive.name + ".part")
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(
+        prefix=archive.name + ".", suffix=".part", dir=archive.parent
+    )
+    partial = Path(name)
     try:
-        url, want = _sdist_link(version)
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        with urllib.request.urlopen(url, timeout=600) as response:
-            partial.write_bytes(response.read())
-    except OSError as exc:
-        if damaged:
+        with os.fdopen(fd, "wb") as out:
+            try:
+                url, want = _sdist_link(version)
+                with urllib.request.urlopen(url, timeout=600) as response:
+                    shutil.copyfileobj(response, out)
+                    if response.length:  # announced, never sent: cut short
+                        raise http.client.IncompleteRead(b"", response.length)
+            except (OSError, http.client.HTTPException) as exc:
+                if damaged:
+                    raise PatchsetError(
+                        f"{archive} is damaged and could not be fetched again "
+                        f"({exc}); run the same command again once the package "
+                        f"index can be reached (or `rm {archive}` and copy "
+                        "vLLM's own sdist there)"
+                    ) from exc
+                raise PatchsetError(
+                    f"could not download vllm-{version}.tar.gz: {exc}; check the "
+                    "network and pip's index configuration, then run again"
+                ) from exc
+        got = file_sha256(partial)
+        if got != want:
             raise PatchsetError(
-                f"{archive} is damaged and could not be fetched again ({exc}); "
-                "run the same command again once the package index can be "
-                f"reached (or `rm {archive}` and copy vLLM's own sdist there)"
-            ) from exc
-        raise PatchsetError(
-            f"could not download vllm-{version}.tar.gz: {exc}; check the "
-            "network and pip's index configuration, then run again"
-        ) from exc
-    got = file_sha256(partial)
-    if got != want:
-        partial.unlink()
-        raise PatchsetError(
-            f"vllm-{version}.tar.gz: sha256 {got} is not the index's {want}; "
-            "nothing was kept"
-        )
-    partial.replace(archive)
+                f"vllm-{version}.tar.gz: sha256 {got} is not the index's {want}; "
+                "nothing was kept"
+            )
+        partial.chmod(0o644)
+        partial.replace(archive)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     recorded.write_text(want + "\n")
     return archive
 

@@ -40,7 +40,10 @@ SDIST = _sdist_bytes()
 
 
 class _Index(http.server.BaseHTTPRequestHandler):
-    """A PEP 503 page for vllm with one sdist and its sha256."""
+    """A PEP 503 page for vllm with one sdist and its sha256; with `cut`,
+    the connection closes after half the sdist's announced length."""
+
+    cut = False
 
     def do_GET(self) -> None:
         name = f"vllm-{VERSION}.tar.gz"
@@ -57,19 +60,32 @@ class _Index(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        self.wfile.write(body[: len(body) // 2] if self.cut and body is SDIST else body)
 
     def log_message(self, *args: object) -> None:
         pass
 
 
-@pytest.fixture
-def index() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Index)
+def _serve(handler: type[_Index]) -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}/simple/"
     server.shutdown()
+
+
+@pytest.fixture
+def index() -> Iterator[str]:
+    yield from _serve(_Index)
+
+
+class _CutIndex(_Index):
+    cut = True
+
+
+@pytest.fixture
+def cut_index() -> Iterator[str]:
+    yield from _serve(_CutIndex)
 
 
 @pytest.fixture
@@ -196,3 +212,30 @@ def test_unrecorded_sdist_offline_is_named(
     archive.write_bytes(SDIST[:10])
     with pytest.raises(PatchsetError, match="without its sha256 record"):
         upstream.sdist(VERSION)
+
+
+def test_cut_download_is_named_and_leaves_nothing(
+    cache: Path, cut_index: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection that closes mid-sdist is one error line, not a
+    traceback, and the cache keeps no part of the download."""
+    monkeypatch.setenv("PIP_INDEX_URL", cut_index)
+    with pytest.raises(PatchsetError, match="could not download"):
+        upstream.sdist(VERSION)
+    assert list((cache / "sdists").iterdir()) == []
+
+
+def test_interrupted_fetch_leaves_nothing(
+    cache: Path, index: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C after the download, before the sdist is checked and put in
+    place, leaves no partial file behind."""
+    monkeypatch.setenv("PIP_INDEX_URL", index)
+
+    def interrupt(path: Path) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(upstream, "file_sha256", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        upstream.sdist(VERSION)
+    assert list((cache / "sdists").iterdir()) == []
