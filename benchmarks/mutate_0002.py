@@ -53,6 +53,7 @@ WARNING = (
 )
 SM90_TEST = "            and current_platform.is_device_capability_family(90)"
 BACKENDS = "(vllm_config.attention_config.backend, spec_config.attention_backend)"
+DRAFTERS_WITH_A_CACHE = "spec_config is None or not spec_config.uses_draft_kv_cache()"
 SUPPORTS = 'not backend.get_class().supports_kv_cache_dtype("fp8_ds_mla")'
 
 # (file, old text, new text): 1-13 from the brief, 14- the branches it missed.
@@ -86,7 +87,11 @@ MUTATIONS: dict[int, tuple[str, str, str]] = {
         "fp8_rows(vllm_config)\n            return",
         "fp8_rows(vllm_config)\n            pass",
     ),
-    18: (CONFIG, "if spec_config is None:\n        return\n    if spec", "if spec"),
+    18: (
+        CONFIG,
+        f"if {DRAFTERS_WITH_A_CACHE}:\n        return\n    if spec",
+        "if spec",
+    ),
     19: (
         CUDA,
         'if head_size == 512 and kv_cache_dtype != "fp8":',
@@ -107,6 +112,12 @@ MUTATIONS: dict[int, tuple[str, str, str]] = {
         CONFIG,
         'kv_cache_dtype = "fp8_e4m3"\n        return',
         'kv_cache_dtype = "fp8"\n        return',
+    ),
+    24: (CONFIG, DRAFTERS_WITH_A_CACHE, "spec_config is None"),
+    25: (
+        MLA,
+        '"FLASHMLA_SPARSE"\n                and self.head_size == 512\n',
+        '"FLASHMLA_SPARSE"\n',
     ),
 }
 SUMMARY = re.compile(r"^(FAILED|ERROR) (\S+)", re.M)

@@ -123,13 +123,14 @@ def _keep_drafter_fp8_rows(vllm_config: "VllmConfig") -> None:
     The target's first MLA layer writes fp8_ds_mla into the CacheConfig its
     drafter shares, and selecting a target layer cannot see a drafter built
     after it. A drafter with its own layers keeps per-tensor rows, named
-    fp8_e4m3, which FLASHMLA_SPARSE does not select. An MTP drafter naming
+    fp8_e4m3, which FLASHMLA_SPARSE does not select; one without a KV cache
+    (n-gram, suffix) is left alone. An MTP drafter naming
     fp8 shares the target's rows. With an MTP drafter, a backend named for
     either without fp8_ds_mla, or another cache dtype named for the drafter,
     keeps the engine on per-tensor rows.
     """
     spec_config = vllm_config.speculative_config
-    if spec_config is None:
+    if spec_config is None or not spec_config.uses_draft_kv_cache():
         return
     if spec_config.method != "mtp":
         if spec_config.kv_cache_dtype is None:

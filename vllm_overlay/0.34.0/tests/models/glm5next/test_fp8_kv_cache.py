@@ -194,6 +194,13 @@ def test_fp8_without_a_drafter_is_left_to_selection(config_on_hopper) -> None:
     assert vllm_config.cache_config.cache_dtype == "fp8"
 
 
+def test_drafter_without_a_kv_cache_is_left_alone(config_on_hopper) -> None:
+    spec = {"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_max": 2}
+    vllm_config = config_on_hopper(kv_cache_dtype="fp8", speculative_config=spec)
+    assert vllm_config.cache_config.cache_dtype == "fp8"
+    assert vllm_config.speculative_config.kv_cache_dtype is None
+
+
 def test_drafter_rules_leave_the_bf16_default_alone(config_on_hopper) -> None:
     spec = MTP | {"attention_backend": FLASHINFER}
     vllm_config = config_on_hopper(kv_cache_dtype="auto", speculative_config=spec)
@@ -238,17 +245,11 @@ def test_fp8_drafter_rules_are_hopper_only(
     assert vllm_config.cache_config.cache_dtype == "fp8"
 
 
-def _mla_layer_on(
-    backend: type, make_vllm_config, monkeypatch: pytest.MonkeyPatch
-) -> tuple[MLAAttention, list[str]]:
-    """The MLA attention of a GLM-5.3-Flash decoder layer built with fp8 on
-    `backend` (a GPU-free attention impl is the device stub), and the
-    messages `MLAAttention` passed to `warning_once` meanwhile."""
-    import torch
-
+def _warnings_on(backend: type, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The messages `MLAAttention` passes to `warning_once` from now on, its
+    layers built on `backend` with a GPU-free attention impl (the device
+    stub)."""
     import vllm.model_executor.layers.attention.mla_attention as mla_attention
-    from vllm.models.glm5next.common.model import Glm5NextDecoderLayer
-    from vllm.utils.torch_utils import set_default_torch_dtype
 
     warnings: list[str] = []
     monkeypatch.setattr(
@@ -258,6 +259,20 @@ def _mla_layer_on(
     monkeypatch.setattr(
         backend, "get_impl_cls", staticmethod(lambda: _NoGpuSparseMLAImpl)
     )
+    return warnings
+
+
+def _mla_layer_on(
+    backend: type, make_vllm_config, monkeypatch: pytest.MonkeyPatch
+) -> tuple[MLAAttention, list[str]]:
+    """The MLA attention of a GLM-5.3-Flash decoder layer built with fp8 on
+    `backend`, and the messages passed to `warning_once` meanwhile."""
+    import torch
+
+    from vllm.models.glm5next.common.model import Glm5NextDecoderLayer
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    warnings = _warnings_on(backend, monkeypatch)
     vllm_config = make_vllm_config(kv_cache_dtype="fp8")
     with (
         set_current_vllm_config(vllm_config),
@@ -298,6 +313,41 @@ def test_fp8_on_sm120s_sparse_backend_has_no_hopper_warning(
     attention, warnings = _mla_layer_on(
         FlashInferMLASparseSM120Backend, make_vllm_config, monkeypatch
     )
+    assert attention.kv_cache_dtype == "fp8_ds_mla"
+    assert not [w for w in warnings if "fp8_ds_mla rows" in w]
+
+
+@pytest.mark.usefixtures("distributed")
+def test_fp8_at_head_size_576_has_no_nope_warning(
+    make_vllm_config, monkeypatch
+) -> None:
+    """DeepSeek-V3.2's 576-wide latent (RoPE included) stored fp8 as
+    fp8_ds_mla on FLASHMLA_SPARSE before this change: nothing to warn of."""
+    import torch
+
+    from vllm.model_executor.layers.linear import ColumnParallelLinear
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    warnings = _warnings_on(FlashMLASparseBackend, monkeypatch)
+    vllm_config = make_vllm_config(kv_cache_dtype="fp8")
+    with (
+        set_current_vllm_config(vllm_config),
+        set_default_torch_dtype(vllm_config.model_config.dtype),
+        torch.device("meta"),
+    ):
+        attention = MLAAttention(
+            num_heads=16,
+            scale=1.0,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            kv_b_proj=ColumnParallelLinear(512, 16 * 256, bias=False),
+            cache_config=vllm_config.cache_config,
+            prefix="model.layers.3.self_attn.attn",
+            use_sparse=True,
+        )
     assert attention.kv_cache_dtype == "fp8_ds_mla"
     assert not [w for w in warnings if "fp8_ds_mla rows" in w]
 
