@@ -1508,14 +1508,13 @@ class VllmConfig:
         )
 
     def _keep_draft_kv_cache_dtype(self) -> None:
-        """Give a drafter with attention layers of its own the engine's
-        quantized KV cache dtype in a cache config of its own.
+        """Give a drafter without MLA attention the engine's quantized KV
+        cache dtype in a cache config of its own.
 
         A sparse MLA target layer writes the layout its backend stores (such
         as fp8_ds_mla) into the cache config it shares with the drafter, which
-        is built after it; an EAGLE or draft-model drafter's attention cannot
-        store that layout. MTP and DSpark drafters build the target's
-        attention and keep sharing its layout.
+        is built after it. Other attention cannot store that layout; MLA
+        drafters (MTP, DeepSeek DSpark) keep sharing it.
         """
         from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
@@ -1523,8 +1522,8 @@ class VllmConfig:
         if (
             spec is None
             or spec.kv_cache_dtype is not None
-            or spec.method in ("mtp", "dspark")
             or not spec.uses_draft_kv_cache()
+            or spec.draft_model_config.use_mla
             or getattr(self.model_config.hf_text_config, "index_topk", None) is None
             or not is_quantized_kv_cache(self.cache_config.cache_dtype)
         ):

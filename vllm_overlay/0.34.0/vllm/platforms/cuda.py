@@ -140,7 +140,7 @@ def _get_backend_priorities(
             ]
             flashinfer_sparse = AttentionBackendEnum.FLASHINFER_MLA_SPARSE_SM90
             # NoPE-512 (GLM5Next): FlashInfer for a BF16 cache; a quantized
-            # cache takes FlashMLA's fp8_ds_mla rows, as at 576.
+            # cache takes FlashMLA's fp8_ds_mla rows, as fp8 does at 576.
             if head_size == 512 and not (
                 kv_cache_dtype is not None and is_quantized_kv_cache(kv_cache_dtype)
             ):

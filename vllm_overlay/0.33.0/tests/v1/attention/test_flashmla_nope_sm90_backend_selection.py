@@ -283,25 +283,46 @@ def test_sm90_nope_512_order_keyed_on_quantized_cache(kv_cache_dtype, first):
 
 
 @pytest.mark.parametrize(
-    "speculative_config",
+    ("kv_cache_dtype", "drafter", "refused"),
     [
-        {"attention_backend": "FLASHINFER_MLA_SPARSE_SM90"},
-        {"kv_cache_dtype": "fp8"},
+        ("fp8", {"attention_backend": "FLASHINFER_MLA_SPARSE_SM90"}, True),
+        ("fp8_e4m3", {"kv_cache_dtype": "fp8"}, True),
+        ("fp8", {"attention_backend": "FLASHMLA_SPARSE"}, False),
+        ("fp8", {"kv_cache_dtype": "fp8_ds_mla"}, False),
+        ("fp8_ds_mla", {"attention_backend": "FLASHINFER_MLA_SPARSE_SM90"}, False),
+        ("auto", {"kv_cache_dtype": "fp8"}, False),
+        ("fp8", {"method": "eagle3", "kv_cache_dtype": "fp8"}, False),
     ],
-    ids=["drafter-backend", "drafter-dtype"],
+    ids=[
+        "drafter-on-flashinfer",
+        "drafter-own-dtype",
+        "drafter-on-flashmla",
+        "drafter-naming-fp8_ds_mla",
+        "explicit-fp8_ds_mla",
+        "bf16-cache",
+        "eagle3-drafter",
+    ],
 )
-def test_nope_512_fp8_rejected_when_mtp_drafter_cannot_share(
-    speculative_config, rope_free_model
+def test_nope_512_mtp_drafter_must_share_fp8_ds_mla_rows(
+    kv_cache_dtype, drafter, refused, rope_free_model
 ):
+    """A quantized cache that FLASHMLA_SPARSE turns into fp8_ds_mla is refused
+    where the MTP drafter, which shares the target's cache config, cannot
+    store those rows; the engine then keeps FlashInfer's per-tensor rows."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     spec = {"method": "mtp", "attention_backend": None, "kv_cache_dtype": None}
-    spec |= speculative_config
+    spec |= drafter
     if spec["attention_backend"] is not None:
         spec["attention_backend"] = AttentionBackendEnum[spec["attention_backend"]]
     rope_free_model.speculative_config = SimpleNamespace(**spec)
-    reason = _supports_combination(512, "fp8", SM90)
-    assert reason is not None and "MTP drafter" in reason
+    reason = _supports_combination(512, kv_cache_dtype, SM90)
+    assert (reason is not None) == refused, reason
+
+
+@pytest.mark.parametrize("capability", [SM90, SM100], ids=["sm90", "sm100"])
+def test_576_fp8_e4m3_stays_with_per_tensor_backends(capability):
+    assert _supports_combination(576, "fp8_e4m3", capability) is not None
 
 
 @pytest.mark.skipif(not current_platform.is_cuda(), reason="Requires CUDA backends")

@@ -151,7 +151,7 @@ class FlashMLASparseBackend(AttentionBackend):
         "bfloat16",
         "fp8_ds_mla",
         "fp8",  # alias for fp8_ds_mla
-        "fp8_e4m3",  # alias for fp8_ds_mla
+        "fp8_e4m3",  # alias for fp8_ds_mla at head size 512
         "nvfp4_ds_mla",  # NVFP4 NoPE + FP8 RoPE (SM100 only)
     ]
 
@@ -238,8 +238,11 @@ class FlashMLASparseBackend(AttentionBackend):
                             "FLASHMLA_SPARSE supports head_size 512 only for "
                             "rope-free (NoPE) models"
                         )
-                if is_quantized_kv_cache(kv_cache_dtype or "auto") and (
-                    reason := _mtp_drafter_cannot_share(vllm_config)
+                converts = kv_cache_dtype not in (None, "fp8_ds_mla")
+                if (
+                    converts
+                    and is_quantized_kv_cache(kv_cache_dtype)
+                    and (reason := _mtp_drafter_cannot_share(vllm_config))
                 ):
                     return reason
             else:
@@ -247,6 +250,9 @@ class FlashMLASparseBackend(AttentionBackend):
                     "FLASHMLA_SPARSE supports head_size 512 only on SM90 (NoPE), "
                     f"got capability={device_capability}"
                 )
+        elif kv_cache_dtype == "fp8_e4m3":
+            # DeepSeek-V3.2 (576) keeps fp8_e4m3 on per-tensor backends.
+            return "FLASHMLA_SPARSE takes fp8_e4m3 only at head size 512"
         if kv_cache_dtype == "nvfp4_ds_mla" and device_capability.major != 10:
             return (
                 f"FLASHMLA_SPARSE only supports the {kv_cache_dtype} kv-cache "
@@ -259,8 +265,8 @@ def _mtp_drafter_cannot_share(vllm_config: VllmConfig) -> str | None:
     """Why an MTP drafter cannot share the fp8_ds_mla rows MLAAttention writes
     into the cache config it shares with the target: a drafter backend that
     does not store them, or a cache dtype of the drafter's own, which its
-    metadata builders would read instead. At head size 512 such drafters
-    kept FlashInfer's per-tensor rows before quantized caches came here."""
+    metadata builders would read instead. Such drafters kept FlashInfer's
+    per-tensor rows before fp8 and fp8_e4m3 came here at head size 512."""
     spec = vllm_config.speculative_config
     if spec is None or spec.method != "mtp":
         return None
