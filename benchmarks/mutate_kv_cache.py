@@ -43,8 +43,11 @@ SPARSE = "vllm/v1/attention/backends/mla/flashmla_sparse.py"
 MLA = "vllm/model_executor/layers/attention/mla_attention.py"
 CONFIG = "vllm/config/vllm.py"
 QUANTIZED = "kv_cache_dtype is not None and is_quantized_kv_cache(kv_cache_dtype)"
+NAMED_FLASHMLA = 'self.attn_backend.get_name() == "FLASHMLA_SPARSE"\n'
 CONVERTS = 'converts = kv_cache_dtype not in (None, "fp8_ds_mla")'
-MTP_BACKEND = 'backend.get_class().supports_kv_cache_dtype(\n        "fp8_ds_mla"\n    )'
+MTP_BACKEND = (
+    'backend.get_class().supports_kv_cache_dtype(\n        "fp8_ds_mla"\n    )'
+)
 
 # (file, old text, new text): patch 0003 (1-12), then patch 0002 (13-19).
 MUTATIONS: dict[int, tuple[str, str, str]] = {
@@ -52,23 +55,31 @@ MUTATIONS: dict[int, tuple[str, str, str]] = {
     2: (CUDA, "head_size == 512 and not (", "not ("),
     3: (SPARSE, '        "fp8_e4m3",  # alias', "        # alias"),
     4: (SPARSE, "            if device_capability.major == 9:", "            if True:"),
-    5: (SPARSE, "if converts and is_quantized", "if False and is_quantized"),
+    5: (SPARSE, "                    converts\n", "                    False\n"),
     6: (SPARSE, CONVERTS, "converts = True"),
     7: (SPARSE, 'spec.method != "mtp"', 'spec.method == "mtp"'),
     8: (SPARSE, MTP_BACKEND, "False"),
     9: (SPARSE, 'if spec.kv_cache_dtype not in (None, "fp8_ds_mla"):', "if False:"),
     10: (SPARSE, '        elif kv_cache_dtype == "fp8_e4m3":', "        elif False:"),
-    11: (MLA, "                logger.warning_once(\n                    \"--kv", "                (\n                    \"--kv"),
+    11: (
+        MLA,
+        '                logger.warning_once(\n                    "--kv',
+        '                (\n                    "--kv',
+    ),
     12: (MLA, "and self.head_size == 512\n            ):", "and True\n            ):"),
     13: (CONFIG, "        self._keep_draft_kv_cache_dtype()\n", ""),
     14: (CONFIG, "            or spec.kv_cache_dtype is not None\n", ""),
     15: (CONFIG, "            or not spec.uses_draft_kv_cache()\n", ""),
     16: (CONFIG, "            or spec.draft_model_config.use_mla\n", ""),
     17: (CONFIG, '"index_topk", None) is None', '"index_topk", None) is False'),
-    18: (CONFIG, "            or not is_quantized_kv_cache(self.cache_config.cache_dtype)\n", ""),
+    18: (
+        CONFIG,
+        "            or not is_quantized_kv_cache(self.cache_config.cache_dtype)\n",
+        "",
+    ),
     19: (
         MLA,
-        'self.attn_backend.get_name() == "FLASHMLA_SPARSE"\n                and self.head_size',
+        NAMED_FLASHMLA + "                and self.head_size",
         "self.head_size",
     ),
 }
