@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""`export`: one branch per patch, each with its pull-request description.
+"""`export`: one branch per patch, each with its written pull-request
+description (`docs/pr/NNNN.md`, checked by `prdesc.check`).
 
 Patch 1 goes on the release (HEAD of the checkout). Each later patch goes on
 the release too when it applies there alone and nothing it or its tests use
@@ -25,7 +26,6 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +33,6 @@ from . import gitutil, prdesc, trees
 from .errors import PatchsetError
 from .series import Patch, Series
 
-unwrap = prdesc.unwrap
-
-TEMPLATE = ".github/PULL_REQUEST_TEMPLATE.md"
 KIND = "pr-descriptions"
 SIGNOFF = re.compile(r"^\s*Signed-off-by:", re.I)
 EMAIL = re.compile(r"<([^>]+)>")
@@ -54,14 +51,6 @@ class Exported:
     base: str
     """`the release` or the branch it is stacked on."""
     reason: str
-    untraced: list[str]
-    not_run: list[str]
-
-
-def release_template(src: Path) -> str | None:
-    """The PR template of the vLLM checkout `src` at HEAD, if it has one."""
-    shown = gitutil.git("show", f"HEAD:{TEMPLATE}", cwd=src, check=False)
-    return shown.stdout if shown.returncode == 0 else None
 
 
 def check_branch_name(name: str, src: Path) -> None:
@@ -358,11 +347,11 @@ def export(
     src: Path,
     branches: list[str] | None,
     out_dir: Path,
-    evidence: prdesc.Evidence,
-    sdist_template: Callable[[], str | None],
+    texts: list[str],
 ) -> tuple[list[Exported], str]:
-    """Export `series` onto HEAD of `src` (see the module docstring); the
-    branches made, and what was found of the checkout's release."""
+    """Export `series` onto HEAD of `src` (see the module docstring), with
+    `texts`, one description per patch; the branches made, and what was
+    found of the checkout's release."""
     patches = series.patches
     if not patches:
         raise PatchsetError("export: the series is empty")
@@ -391,12 +380,6 @@ def export(
                 "--branch or delete it yourself (nothing was created)"
             )
     release = refuse_other_release(series, src)
-    template = release_template(src) or sdist_template()
-    if template is None:
-        raise PatchsetError(
-            f"export: no {TEMPLATE} in {src} or the release's sdist; nothing "
-            "was created"
-        )
     trees.claim_folder(out_dir, "--pr-dir", kind=KIND)
     who = exporter_identity(src, series)
     plans, heads = plan_and_commit(series, src, names, who)
@@ -407,19 +390,10 @@ def export(
     try:
         staging = _staging(out_dir, made)
         trees.mark(staging, KIND)
-        for plan, head in zip(plans, heads):
-            stacked = patches[plan.parent] if plan.parent is not None else None
+        for plan, head, text in zip(plans, heads, texts, strict=True):
             base = names[plan.parent] if plan.parent is not None else "the release"
-            branch = prdesc.Branch(plan.branch, base, stacked, plan.reason)
-            written = prdesc.write(plan.patch, evidence, branch, template)
-            problems = prdesc.check(written.text, template, evidence)
-            if problems:
-                raise PatchsetError(
-                    f"export: the description of {plan.patch.name} fails its "
-                    f"own check: {problems[0]}"
-                )
             path = staging / description_name(plan.branch)
-            path.write_text(written.text)
+            path.write_text(text, encoding="utf-8")
             exported.append(
                 Exported(
                     plan.patch,
@@ -428,8 +402,6 @@ def export(
                     out_dir / path.name,
                     base,
                     plan.reason,
-                    written.untraced,
-                    written.not_run,
                 )
             )
         for plan, head in zip(plans, heads):
