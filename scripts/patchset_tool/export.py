@@ -37,8 +37,6 @@ KIND = "pr-descriptions"
 SIGNOFF = re.compile(r"^\s*Signed-off-by:", re.I)
 EMAIL = re.compile(r"<([^>]+)>")
 TRAILER = re.compile(r"^[A-Za-z][\w-]*: ")
-RELEASE_VERSION = re.compile(r"^__version__\s*=.*?['\"](\d+\.\d+\.\d+)['\"+]", re.M)
-DESCRIBE = re.compile(r"^v(\d+\.\d+\.\d+)(?:-(\d+)-g[0-9a-f]+)?$")
 ZERO = "0" * 40
 
 
@@ -71,41 +69,6 @@ def check_branch_name(name: str, src: Path) -> None:
 def default_branches(series: Series) -> list[str]:
     """glm5next/<patch file name without .patch>, one per patch."""
     return [f"glm5next/{p.name.removesuffix('.patch')}" for p in series.patches]
-
-
-def checkout_release(src: Path) -> tuple[str | None, str]:
-    """(the vLLM release HEAD of `src` is, how that was found): the release
-    `vllm/_version.py` names, else the `vX.Y.Z` tag `git describe` finds
-    (with the commits after it); (None, why) when neither says."""
-    version_file = src / "vllm" / "_version.py"
-    if version_file.is_file():
-        found = RELEASE_VERSION.search(version_file.read_text(errors="replace"))
-        if found:
-            return found.group(1), "vllm/_version.py"
-    described = gitutil.git(
-        "describe", "--tags", "--match", "v[0-9]*", "HEAD", cwd=src, check=False
-    )
-    match = DESCRIBE.match(described.stdout.strip())
-    if described.returncode == 0 and match:
-        after = f", {match.group(2)} commits after it" if match.group(2) else ""
-        return match.group(1), f"git describe: {described.stdout.strip()}{after}"
-    return None, "no vllm/_version.py with a release and no vX.Y.Z tag"
-
-
-def refuse_other_release(series: Series, src: Path) -> str:
-    """Raise when `src` is a checkout of another vLLM release than the
-    series' base; return what was found."""
-    found, how = checkout_release(src)
-    want = series.base.version
-    if found is not None and found != want:
-        raise PatchsetError(
-            f"export: {src} is a checkout of vLLM {found} ({how}); this series "
-            f"is for vLLM {want}. Check out v{want} (or main after it), or "
-            "export the series of that release with --base; nothing was created"
-        )
-    if found is None:
-        return f"cannot tell which vLLM release {src} is ({how}); taken as {want}"
-    return f"{src} is vLLM {found} ({how})"
 
 
 def project_identities(series: Series) -> set[str]:
@@ -379,7 +342,16 @@ def export(
                 f"export: {src}: branch {name} already exists; choose another "
                 "--branch or delete it yourself (nothing was created)"
             )
-    release = refuse_other_release(series, src)
+    if why := gitutil.other_release(src, series.base):
+        raise PatchsetError(f"export: {why}; nothing was created")
+    found = gitutil.checkout_version(src)
+    release = (
+        f"{src} is vLLM {' ('.join(found)})"
+        if found
+        else (
+            f"cannot tell which vLLM release {src} is; taken as {series.base.version}"
+        )
+    )
     trees.claim_folder(out_dir, "--pr-dir", kind=KIND)
     who = exporter_identity(src, series)
     plans, heads = plan_and_commit(series, src, names, who)

@@ -448,8 +448,8 @@ def test_a_checkout_of_another_release_is_refused_and_named(
     before = state(checkout)
     result = export(project, env, "--vllm-src", str(checkout))
     assert result.returncode == 1
-    assert "is a checkout of vLLM 0.1.0" in result.stderr
-    assert f"this series is for vLLM {project.version}" in result.stderr
+    assert "is vLLM 0.1.0 (" in result.stderr
+    assert f"not a checkout of vLLM {project.version}, the release" in result.stderr
     assert_nothing_made(checkout, before, project)
 
 
@@ -459,7 +459,7 @@ def test_the_release_tag_of_the_base_is_accepted(
     git("tag", f"v{project.version}", cwd=checkout)
     result = export(project, env, "--vllm-src", str(checkout))
     assert result.returncode == 0, result.stderr
-    assert f"is vLLM {project.version} (git describe: v{project.version})" in (
+    assert f"is vLLM {project.version} (tag v{project.version} at HEAD)" in (
         result.stdout
     )
 
