@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""`export`: one branch per patch, each with its pull-request description.
+"""`export`: one branch per patch, each with its written pull-request
+description (`docs/pr/NNNN.md`, checked by `prdesc.check`).
 
 Patch 1 goes on the release (HEAD of the checkout). Each later patch goes on
 the release too when it applies there alone and nothing it or its tests use
@@ -25,7 +26,6 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,15 +33,10 @@ from . import gitutil, prdesc, trees
 from .errors import PatchsetError
 from .series import Patch, Series
 
-unwrap = prdesc.unwrap
-
-TEMPLATE = ".github/PULL_REQUEST_TEMPLATE.md"
 KIND = "pr-descriptions"
 SIGNOFF = re.compile(r"^\s*Signed-off-by:", re.I)
 EMAIL = re.compile(r"<([^>]+)>")
 TRAILER = re.compile(r"^[A-Za-z][\w-]*: ")
-RELEASE_VERSION = re.compile(r"^__version__\s*=.*?['\"](\d+\.\d+\.\d+)['\"+]", re.M)
-DESCRIBE = re.compile(r"^v(\d+\.\d+\.\d+)(?:-(\d+)-g[0-9a-f]+)?$")
 ZERO = "0" * 40
 
 
@@ -54,14 +49,6 @@ class Exported:
     base: str
     """`the release` or the branch it is stacked on."""
     reason: str
-    untraced: list[str]
-    not_run: list[str]
-
-
-def release_template(src: Path) -> str | None:
-    """The PR template of the vLLM checkout `src` at HEAD, if it has one."""
-    shown = gitutil.git("show", f"HEAD:{TEMPLATE}", cwd=src, check=False)
-    return shown.stdout if shown.returncode == 0 else None
 
 
 def check_branch_name(name: str, src: Path) -> None:
@@ -82,41 +69,6 @@ def check_branch_name(name: str, src: Path) -> None:
 def default_branches(series: Series) -> list[str]:
     """glm5next/<patch file name without .patch>, one per patch."""
     return [f"glm5next/{p.name.removesuffix('.patch')}" for p in series.patches]
-
-
-def checkout_release(src: Path) -> tuple[str | None, str]:
-    """(the vLLM release HEAD of `src` is, how that was found): the release
-    `vllm/_version.py` names, else the `vX.Y.Z` tag `git describe` finds
-    (with the commits after it); (None, why) when neither says."""
-    version_file = src / "vllm" / "_version.py"
-    if version_file.is_file():
-        found = RELEASE_VERSION.search(version_file.read_text(errors="replace"))
-        if found:
-            return found.group(1), "vllm/_version.py"
-    described = gitutil.git(
-        "describe", "--tags", "--match", "v[0-9]*", "HEAD", cwd=src, check=False
-    )
-    match = DESCRIBE.match(described.stdout.strip())
-    if described.returncode == 0 and match:
-        after = f", {match.group(2)} commits after it" if match.group(2) else ""
-        return match.group(1), f"git describe: {described.stdout.strip()}{after}"
-    return None, "no vllm/_version.py with a release and no vX.Y.Z tag"
-
-
-def refuse_other_release(series: Series, src: Path) -> str:
-    """Raise when `src` is a checkout of another vLLM release than the
-    series' base; return what was found."""
-    found, how = checkout_release(src)
-    want = series.base.version
-    if found is not None and found != want:
-        raise PatchsetError(
-            f"export: {src} is a checkout of vLLM {found} ({how}); this series "
-            f"is for vLLM {want}. Check out v{want} (or main after it), or "
-            "export the series of that release with --base; nothing was created"
-        )
-    if found is None:
-        return f"cannot tell which vLLM release {src} is ({how}); taken as {want}"
-    return f"{src} is vLLM {found} ({how})"
 
 
 def project_identities(series: Series) -> set[str]:
@@ -358,11 +310,11 @@ def export(
     src: Path,
     branches: list[str] | None,
     out_dir: Path,
-    evidence: prdesc.Evidence,
-    sdist_template: Callable[[], str | None],
+    texts: list[str],
 ) -> tuple[list[Exported], str]:
-    """Export `series` onto HEAD of `src` (see the module docstring); the
-    branches made, and what was found of the checkout's release."""
+    """Export `series` onto HEAD of `src` (see the module docstring), with
+    `texts`, one description per patch; the branches made, and what was
+    found of the checkout's release."""
     patches = series.patches
     if not patches:
         raise PatchsetError("export: the series is empty")
@@ -390,13 +342,16 @@ def export(
                 f"export: {src}: branch {name} already exists; choose another "
                 "--branch or delete it yourself (nothing was created)"
             )
-    release = refuse_other_release(series, src)
-    template = release_template(src) or sdist_template()
-    if template is None:
-        raise PatchsetError(
-            f"export: no {TEMPLATE} in {src} or the release's sdist; nothing "
-            "was created"
+    if why := gitutil.other_release(src, series.base):
+        raise PatchsetError(f"export: {why}; nothing was created")
+    found = gitutil.checkout_version(src)
+    release = (
+        f"{src} is vLLM {' ('.join(found)})"
+        if found
+        else (
+            f"cannot tell which vLLM release {src} is; taken as {series.base.version}"
         )
+    )
     trees.claim_folder(out_dir, "--pr-dir", kind=KIND)
     who = exporter_identity(src, series)
     plans, heads = plan_and_commit(series, src, names, who)
@@ -407,19 +362,10 @@ def export(
     try:
         staging = _staging(out_dir, made)
         trees.mark(staging, KIND)
-        for plan, head in zip(plans, heads):
-            stacked = patches[plan.parent] if plan.parent is not None else None
+        for plan, head, text in zip(plans, heads, texts, strict=True):
             base = names[plan.parent] if plan.parent is not None else "the release"
-            branch = prdesc.Branch(plan.branch, base, stacked, plan.reason)
-            written = prdesc.write(plan.patch, evidence, branch, template)
-            problems = prdesc.check(written.text, template, evidence)
-            if problems:
-                raise PatchsetError(
-                    f"export: the description of {plan.patch.name} fails its "
-                    f"own check: {problems[0]}"
-                )
             path = staging / description_name(plan.branch)
-            path.write_text(written.text)
+            path.write_text(text, encoding="utf-8")
             exported.append(
                 Exported(
                     plan.patch,
@@ -428,8 +374,6 @@ def export(
                     out_dir / path.name,
                     base,
                     plan.reason,
-                    written.untraced,
-                    written.not_run,
                 )
             )
         for plan, head in zip(plans, heads):

@@ -33,7 +33,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import upstream
+from . import paths, upstream
 from .bases import Base, load_bases
 
 LINT_DIRS = ("vllm_overlay", "tests", "scripts")
@@ -121,8 +121,10 @@ def _mypy(repo: Path, python: str, bases: list[Base], require_tree: bool) -> Res
     def command(group: str) -> list[str]:
         """The mypy command with the group's own cache: groups sharing one would
         overwrite each other's entries (each base's tree has its own `vllm`,
-        and the options differ), leaving every run cold."""
-        cache = repo / "build" / "mypy-cache" / group
+        and the options differ), leaving every run cold. The caches live
+        beside the environments, not in the clone: mypy takes an entry
+        whose file's hash matches, so a fresh clone starts warm."""
+        cache = paths.cache_root() / "mypy-cache" / group
         return [
             python,
             "-m",

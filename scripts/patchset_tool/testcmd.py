@@ -367,61 +367,31 @@ def run_tests(bases: list[Base], jobs: int = 2) -> int:
         return lambda part: part.count(_run_logged(part, argv, paths.REPO, tool_env))
 
     # Longest first, so that the short parts fill the gaps at the end.
-    work: list[Job] = [
-        (
-            Part("machinery tests (tests/patchset)"),
-            lambda part: tool_tests(part, python, tool_env, workers=jobs),
-        )
-    ]
+    work: list[Job] = []
+
+    def add(name: str, run_part: Callable[..., None], base: Base, **kw) -> None:
+        job = partial(run_part, python=pythons[base.version], base=base, **kw)
+        work.append((Part(name), job))
+
+    tool_part = Part("machinery tests (tests/patchset)")
+    work.append((tool_part, lambda part: tool_tests(part, python, tool_env, jobs)))
     for base in bases:
-        work.append(
-            (
-                Part(neighbours_part(base.version)),
-                partial(neighbours.run_part, python=pythons[base.version], base=base),
-            )
-        )
+        add(neighbours_part(base.version), neighbours.run_part, base)
         if base is first:
-            work.append(
-                (
-                    Part("lint (ruff, ruff-format, mypy, typos)"),
-                    command([str(python), "-m", "patchset_tool.lint"]),
-                )
-            )
+            lint = command([str(python), "-m", "patchset_tool.lint"])
+            work.append((Part("lint (ruff, ruff-format, mypy, typos)"), lint))
     hosts = {CPU_HOST: model_tests, SM90_HOST: model_tests_on_sm90}
     for base in bases:
         for host, run_part in hosts.items():
             for patched in (True, False):
-                work.append(
-                    (
-                        Part(model_part(base.version, patched, host)),
-                        partial(
-                            run_part,
-                            python=pythons[base.version],
-                            base=base,
-                            patched=patched,
-                        ),
-                    )
-                )
+                name = model_part(base.version, patched, host)
+                add(name, run_part, base, patched=patched)
     for base in bases:
-        work.append(
-            (
-                Part(f"{base.version}: verification suite, pristine vs patched"),
-                partial(verification_suite, python=pythons[base.version], base=base),
-            )
-        )
-    work.append(
-        (
-            Part("upstream checks (tethering, SPDX)"),
-            partial(upstream_checks_part, python=python, base=first),
-        )
-    )
+        name = f"{base.version}: verification suite, pristine vs patched"
+        add(name, verification_suite, base)
+    add("upstream checks (tethering, SPDX)", upstream_checks_part, first)
     for base in bases:
-        work.append(
-            (
-                Part(f"{base.version}: upstream gates (release source)"),
-                partial(upstream_gates, python=pythons[base.version], base=base),
-            )
-        )
+        add(f"{base.version}: upstream gates (release source)", upstream_gates, base)
     parts = [_check_part()]
     lock = threading.Lock()
     with ThreadPoolExecutor(max_workers=jobs) as pool:

@@ -121,26 +121,25 @@ def test_build_refuses_an_installation(project: Project, tmp_path: Path) -> None
 def test_concurrent_forced_applies_leave_a_complete_tree(
     project: Project, series: Path
 ) -> None:
-    """Three `apply --force` at once, twice: each exits 0 and the tree is
-    complete (its manifest matches) every time."""
-    for _ in range(2):
-        runs = [
-            subprocess.Popen(
-                ["python3", "scripts/patchset", "apply", "--force"],
-                cwd=project.root,
-                env=project.env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(3)
-        ]
-        for run in runs:
-            out, err = run.communicate()
-            assert run.returncode == 0, out + err
-            assert "Traceback" not in err
-        assert trees.damage(project.patched) == []
-        assert (project.patched / PROBE).is_file()
+    """Three `apply --force` at once: each exits 0 and the tree is complete
+    (its manifest matches); docs/measurements.md has 20 rounds of pairs."""
+    runs = [
+        subprocess.Popen(
+            ["python3", "scripts/patchset", "apply", "--force"],
+            cwd=project.root,
+            env=project.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    for run in runs:
+        out, err = run.communicate()
+        assert run.returncode == 0, out + err
+        assert "Traceback" not in err
+    assert trees.damage(project.patched) == []
+    assert (project.patched / PROBE).is_file()
     leftovers = sorted(p.name for p in project.build().iterdir())
     assert leftovers == [".vllm-patched.lock", "vllm-patched"]
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`export`: one branch per patch from a scratch vLLM checkout, signed off by
-the exporter alone, each with a PR description written from the sources;
+the exporter alone, each with its written description (docs/pr/NNNN.md);
 `export --check`; and each way an export could harm (issue 27's cases)."""
 
 import os
@@ -18,38 +18,6 @@ from projectkit import (
     write_series,
 )
 
-TEMPLATE = """<!-- markdownlint-disable -->
-
-## Overview
-
-<!-- Summarize the change in 1-2 lines. Link relevant issues and PRs. -->
-
-## Claims
-
-<!-- State the accomplishments in a few concrete bullets. -->
-
-## Validation
-
-<!-- Show evidence that the claims are met by this change. -->
-
-## Details
-
-<!-- Explain motivation, design decisions, root cause, tradeoffs. -->
-
----
-
-<details>
-<summary> Pull Request Checklist </summary>
-
-- [ ] I used vLLM's `/pr-checklist` skill. (Mandatory for agents, optional for humans).
-- [ ] AI assistance was used during the creation of this PR.
-
-- [ ] **Design Fit:** Minimizes impact on core components.
-- [ ] **Testing and Validation:** Validates the change.
-- [ ] **Code Quality and Style:** Keeps code and comments clear.
-- [ ] **Pull Request Contents:** Includes a brief summary and relevant links.
-</details>
-"""
 EXPORTER = "Ex Porter <ex@porter.dev>"
 FIRST = "glm5next/0001-Model-Add-a-probe-module-to-glm5next"
 SECOND = "glm5next/0002-Model-Touch-KDA-and-the-package-init"
@@ -72,17 +40,55 @@ def exporter_env(project: Project, home: Path) -> dict[str, str]:
 
 
 def make_checkout(series: Path, tmp_path: Path) -> Path:
-    """A clone of the repository the patches came from, at their base,
-    with the release's PR template committed."""
+    """A clone of the repository the patches came from, at their base."""
     clone = tmp_path / "checkout"
     git("clone", "--quiet", str(series), str(clone), cwd=tmp_path)
     git("reset", "--quiet", "--hard", "base", cwd=clone)
-    (clone / ".github").mkdir()
-    (clone / ".github" / "PULL_REQUEST_TEMPLATE.md").write_text(TEMPLATE)
-    git("add", "--all", cwd=clone)
-    git("commit", "--quiet", "-m", "the PR template", cwd=clone)
     git("tag", "release", cwd=clone)
     return clone
+
+
+GOOD = f"""## Purpose
+
+The probe answers in 0.42x the time and holds 1,234,567 tokens (see #12345);
+`{PROBE}` is new, tested by `{PROBE_TEST}`.
+
+## Test Plan
+
+`pytest -v -s {PROBE_TEST}` on the release and on this branch.
+
+## Test Result
+
+```text
+1 passed
+```
+
+<details>
+<summary> Essential Elements of an Effective PR Description Checklist </summary>
+
+- [x] The purpose of the PR.
+</details>
+"""
+
+
+@pytest.fixture(autouse=True)
+def written(project: Project) -> str:
+    """Each patch's written description, the measurements its figures come
+    from and the pristine and patched logs of its test."""
+    (project.root / "docs" / "pr").mkdir(parents=True)
+    for number in ("0001", "0002"):
+        (project.root / "docs" / "pr" / f"{number}.md").write_text(GOOD)
+    (project.root / "docs" / "measurements.md").write_text(
+        "| tree | time vs pristine | tokens |\n| --- | --- | --- |\n"
+        "| patched | 0.42 | 1,234,567 |\n"
+    )
+    return GOOD
+
+
+def with_logs(project: Project) -> None:
+    logs = project.root / "build" / "test-logs"
+    logs.mkdir(parents=True)
+    (logs / "model-tests.log").write_text(f"{PROBE_TEST}::test_probe PASSED\n")
 
 
 @pytest.fixture
@@ -143,16 +149,7 @@ def test_two_branches_signed_off_by_the_exporter_alone(
         "glm5next_0001-Model-Add-a-probe-module-to-glm5next.md",
         "glm5next_0002-Model-Touch-KDA-and-the-package-init.md",
     ]
-    second = (out / files[2]).read_text()
-    assert second.startswith("<!-- title: [Model] Touch KDA and the package init -->")
-    assert f"**Stacked on `{FIRST}`**" in second
-    headings = [x for x in second.splitlines() if x.startswith("## ")]
-    assert headings == ["## Overview", "## Claims", "## Validation", "## Details"]
-    assert "<!-- Summarize" not in second
-    assert "- [x] AI assistance was used during the creation of this PR." in second
-    assert "- [ ] **Design Fit:**" in second
-    assert "<summary>Commit message</summary>" in second
-    assert "Signed-off-by" not in second
+    assert (out / files[1]).read_text() == GOOD
 
 
 def independent_patches():
@@ -216,143 +213,106 @@ def test_a_patch_goes_on_the_release_when_it_works_alone(
     assert (description / ".patchset-owned").is_file()
 
 
-EVIDENCE_BODY = (
-    "Upstream leaves the probe unset (see #12345).\n\n"
-    "With it, the probe answers in 0.42x the time and holds 1,234,567 tokens.\n"
-    "It was also 9.99x faster once.\n"
-)
+def check(project: Project, env: dict[str, str], text: str, checkout: Path):
+    path = project.root / "candidate.md"
+    path.write_text(text)
+    return export(project, env, "--check", str(path), "--vllm-src", str(checkout))
 
 
-def with_evidence(project: Project) -> None:
-    """Give the project a patch 1 whose message claims figures, a
-    measurements table holding two of them, test logs and the expected
-    failures of patch 1's test."""
-    patch = sorted(project.patches().glob("0001-*.patch"))[0]
-    text = patch.read_text()
-    patch.write_text(
-        text.replace("\n\nThis change", f"\n\n{EVIDENCE_BODY}\nThis change", 1)
-    )
-    docs = project.root / "docs"
-    docs.mkdir()
-    (docs / "measurements.md").write_text(
-        "# Measurements\n\n## Probe speed (patch 0001)\n\nOn the CPU machine:\n\n"
-        "| tree | time vs pristine | tokens |\n| --- | --- | --- |\n"
-        "| patched | 0.42 | 1,234,567 |\n"
-    )
-    logs = project.root / "build" / "test-logs"
-    logs.mkdir(parents=True)
-    test = PROBE_TEST.removeprefix("tests/")
-    version = project.version
-    (logs / f"{version}-model-tests-pristine-source-CPU-host.log").write_text(
-        f"$ python -m pytest -v -s models/glm5next\n{test}::test_probe FAILED\n"
-        "===== 1 failed in 0.1s =====\n"
-    )
-    (logs / f"{version}-model-tests-patched-source-CPU-host.log").write_text(
-        f"$ python -m pytest -v -s models/glm5next\n{test}::test_probe PASSED\n"
-        "===== 1 passed in 0.1s =====\n"
-    )
-    (project.patches() / "expected-base-failures.txt").write_text(
-        f"{PROBE_TEST}::test_probe\n"
-    )
+RAN = f"\n```text\n{PROBE_TEST}::test_probe PASSED\n```\n"
 
 
-def test_description_carries_the_traced_figures_and_the_red_green(
+def test_check_passes_a_good_description(
     project: Project, checkout: Path, env: dict[str, str]
 ) -> None:
-    with_evidence(project)
-    result = export(project, env, "--vllm-src", str(checkout))
-    assert result.returncode == 0, result.stderr
-    out = project.root / "build" / "pr-descriptions"
-    first = (out / "glm5next_0001-Model-Add-a-probe-module-to-glm5next.md").read_text()
-    overview = first.split("## Claims")[0]
-    assert "Upstream leaves the probe unset (see #12345)." in overview
-    assert "Related: #12345" in overview
-    claims = first.split("## Claims")[1].split("## Validation")[0]
-    assert (
-        "- With it, the probe answers in 0.42x the time and holds 1,234,567 "
-        'tokens. (source: docs/measurements.md, "Probe speed (patch 0001)")'
-    ) in claims
-    assert "9.99" not in claims  # no source holds it
-    assert "9.99x" in result.stdout and "left out" in result.stdout
-    assert "| patched | 0.42 | 1,234,567 |" in claims
-    validation = first.split("## Validation")[1].split("## Details")[0]
-    assert "pytest -v -s models/glm5next/test_probe.py" in validation
-    assert f"FAILED {PROBE_TEST}::test_probe" in validation
-    assert "1 of these 1 tests fail" in validation
-    assert "With this change (`" in validation and ": 1 passed." in validation
-    assert "On an SM90 host" in validation and "not run" in validation
-    details = first.split("## Details")[1]
-    assert f"| `{PROBE}` | new, +3/-0 |" in details
-    checked = export(
-        project, env, "--check", str(out / first_name()), "--vllm-src", str(checkout)
-    )
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "ok" in checked.stdout
+    with_logs(project)
+    result = check(project, env, GOOD + RAN, checkout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok" in result.stdout
 
 
-def test_description_carries_upstreams_step_on_a_gpu(
+def test_check_takes_a_test_the_gpu_results_show(
     project: Project, checkout: Path, env: dict[str, str]
 ) -> None:
-    """With both trees' junit XML from `gpu --engine` collected, Validation
-    gives this change's red-green on the GPU the run names."""
-    with_evidence(project)
+    """A test id from the junit XML `gpu --collect` brought back counts as run."""
     results = project.root / "build" / "gpu" / f"results-{project.version}"
     results.mkdir(parents=True)
-    (results / "device.txt").write_text("NVIDIA H100 80GB HBM3, 580.159.04\n")
-    module = PROBE_TEST.removeprefix("tests/").removesuffix(".py").replace("/", ".")
-    for tree, outcome in (("pristine", "<failure/>"), ("patched", "")):
-        (results / f"junit-{tree}.xml").write_text(
-            f'<testsuite><testcase classname="{module}" name="test_probe">'
-            f"{outcome}</testcase></testsuite>"
-        )
-    result = export(project, env, "--vllm-src", str(checkout))
-    assert result.returncode == 0, result.stderr
-    out = project.root / "build" / "pr-descriptions"
-    validation = (out / first_name()).read_text().split("## Validation")[1]
-    assert (
-        "On an SM90 GPU (NVIDIA H100 80GB HBM3, 580.159.04), upstream's "
-        "glm5next step from `tests/`"
-    ) in validation
-    assert "1 of 1 fail on vLLM" in validation and "with it, 1 passed." in validation
+    module = PROBE_TEST.removesuffix(".py").replace("/", ".")
+    (results / "junit-patched.xml").write_text(
+        f'<testsuite><testcase classname="{module}" name="test_probe"/></testsuite>'
+    )
+    result = check(project, env, GOOD + RAN, checkout)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
-def first_name() -> str:
-    return "glm5next_0001-Model-Add-a-probe-module-to-glm5next.md"
+LONG = "word " * 701
 
 
 @pytest.mark.parametrize(
     "damage, problem",
     [
-        (lambda t: t.replace("## Validation\n", ""), "missing the template's heading"),
-        (lambda t: t + "\nIt is 7.77x faster.\n", "the figure 7.77x is in no"),
+        (lambda t: t.replace("## Test Plan\n", ""), "heading '## Test Plan'"),
+        (lambda t: t.replace("Essential", "Some"), "heading 'Essential Elements"),
+        (lambda t: t + "\nIt is 7.77x faster.\n", "the figure 7.77 is not in"),
+        (lambda t: t + "\nRun `scripts/patchset test`.\n", "names scripts/patchset,"),
+        (lambda t: t + "\nLogs: build/test-logs/.\n", "names build/test-logs/,"),
+        (lambda t: t + "\nSee docs/measurements.md.\n", "names docs/measurements.md"),
+        (lambda t: t + RAN, "test_probe ran; no recorded log shows it"),
+        (lambda t: t + LONG, "words outside collapsed <details> (at most 700)"),
         (
-            lambda t: t + "\nBy Seed 2b9dbddb maintainers <m@x.example>\n",
-            "a placeholder identity",
+            lambda t: t + f"<details>{LONG * 2}</details>",
+            "words in all (at most 1200)",
         ),
-        (
-            lambda t: t + "\nA paragraph broken\nover two lines.\n",
-            "a hard-wrapped paragraph",
-        ),
+        (lambda t: t + "\nSeed 2b9dbddb maintainers\n", "a placeholder identity"),
     ],
-    ids=["heading", "figure", "identity", "wrapped"],
+    ids=[
+        "heading",
+        "checklist",
+        "figure",
+        "tool-path",
+        "log-folder",
+        "measurements-path",
+        "test-not-run",
+        "too-long-open",
+        "too-long-in-all",
+        "identity",
+    ],
 )
 def test_check_names_what_is_wrong(
-    project: Project,
-    checkout: Path,
-    env: dict[str, str],
-    tmp_path: Path,
-    damage,
-    problem: str,
+    project: Project, checkout: Path, env: dict[str, str], damage, problem: str
 ) -> None:
-    with_evidence(project)
-    assert export(project, env, "--vllm-src", str(checkout)).returncode == 0
-    text = (project.root / "build" / "pr-descriptions" / first_name()).read_text()
-    bad = tmp_path / "bad.md"
-    bad.write_text(damage(text))
-    result = export(project, env, "--check", str(bad), "--vllm-src", str(checkout))
+    result = check(project, env, damage(GOOD), checkout)
     assert result.returncode == 1
     assert problem in result.stdout
     assert "Traceback" not in result.stderr
+
+
+def test_a_missing_description_is_one_line_and_nothing_made(
+    project: Project, checkout: Path, env: dict[str, str]
+) -> None:
+    (project.root / "docs" / "pr" / "0002.md").unlink()
+    before = state(checkout)
+    result = export(project, env, "--vllm-src", str(checkout))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        (
+            f"patchset: error: export: {project.root}/docs/pr/0002.md is missing: "
+            "write 0002-Model-Touch-KDA-and-the-package-init.patch's description "
+            "there first; nothing was created"
+        )
+    ]
+    assert_nothing_made(checkout, before, project)
+
+
+def test_a_description_failing_the_check_is_not_exported(
+    project: Project, checkout: Path, env: dict[str, str]
+) -> None:
+    (project.root / "docs" / "pr" / "0001.md").write_text(GOOD + "It is 7.77x.\n")
+    before = state(checkout)
+    result = export(project, env, "--vllm-src", str(checkout))
+    assert result.returncode == 1
+    assert "0001.md: the figure 7.77 is not in docs/measurements.md" in result.stderr
+    assert_nothing_made(checkout, before, project)
 
 
 # ---------------------------------------------------- harms (issue 27)
@@ -488,8 +448,8 @@ def test_a_checkout_of_another_release_is_refused_and_named(
     before = state(checkout)
     result = export(project, env, "--vllm-src", str(checkout))
     assert result.returncode == 1
-    assert "is a checkout of vLLM 0.1.0" in result.stderr
-    assert f"this series is for vLLM {project.version}" in result.stderr
+    assert "is vLLM 0.1.0 (" in result.stderr
+    assert f"not a checkout of vLLM {project.version}, the release" in result.stderr
     assert_nothing_made(checkout, before, project)
 
 
@@ -499,7 +459,7 @@ def test_the_release_tag_of_the_base_is_accepted(
     git("tag", f"v{project.version}", cwd=checkout)
     result = export(project, env, "--vllm-src", str(checkout))
     assert result.returncode == 0, result.stderr
-    assert f"is vLLM {project.version} (git describe: v{project.version})" in (
+    assert f"is vLLM {project.version} (tag v{project.version} at HEAD)" in (
         result.stdout
     )
 

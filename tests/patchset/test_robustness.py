@@ -12,7 +12,6 @@ import pytest
 from projectkit import PROBE, Project
 
 from patchset_tool.errors import PatchsetError
-from patchset_tool.export import unwrap
 from patchset_tool.series import parse_patch
 
 HEADER = (
@@ -183,16 +182,3 @@ def test_verify_install_checks_a_pip_target_folder(
     drifted = project.patchset("verify-install", str(target))
     assert drifted.returncode == 1
     assert "vllm/version.py: sha256 differs from RECORD" in drifted.stderr
-
-
-def test_unwrap_joins_paragraph_and_list_lines_only() -> None:
-    text = (
-        "A paragraph that was\nwrapped at seventy-two.\n\n"
-        "- an item that\n  goes on\n- another\n\n"
-        "```\ncode line\nkept\n```\n    indented code\n    kept too\n"
-    )
-    assert unwrap(text) == (
-        "A paragraph that was wrapped at seventy-two.\n\n"
-        "- an item that goes on\n- another\n\n"
-        "```\ncode line\nkept\n```\n    indented code\n    kept too"
-    )

@@ -1,16 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`patchset export`: one branch per patch, signed off by you, each with its
-pull-request description; `--check FILE` validates a description."""
+hand-written pull-request description; `--check FILE` validates one."""
 
 import argparse
 import tarfile
 from pathlib import Path
 
-from .. import export, paths, prdesc, testcmd, upstream
+from .. import export, gitutil, paths, prdesc, upstream
 from ..bases import Base
 from ..errors import PatchsetError
-from ..neighbours import LIST as NEIGHBOURS
 from ..series import Series
 from .options import Subparsers, chosen_base, command_parser, path_option
 
@@ -27,9 +26,9 @@ def register(subparsers: Subparsers) -> None:
             "Make one branch per patch in your vLLM checkout (patch 1 on its "
             "HEAD; a later patch on HEAD too when it applies and works alone, "
             "else on the previous patch's branch), each commit authored and "
-            "signed off by your git identity alone, and write one pull-request "
-            "description per branch from the patches, docs/measurements.md "
-            "and the latest `scripts/patchset test` logs. All or nothing."
+            "signed off by your git identity alone, and copy each patch's "
+            "description (docs/pr/NNNN.md, checked as --check checks it) "
+            "beside its branch's name. All or nothing."
         ),
     )
     path_option(parser, "--vllm-src", "your vLLM checkout; its work tree is left alone")
@@ -51,88 +50,85 @@ def register(subparsers: Subparsers) -> None:
     path_option(
         parser,
         "--check",
-        "validate this description instead: the template's headings, every "
-        "figure traced to docs/measurements.md or a test log, no placeholder "
-        "identity, no hard-wrapped paragraph",
+        "validate this description instead: the template's headings, the word "
+        "limits, every figure in docs/measurements.md, no path vLLM lacks, "
+        "no test run that no recorded log shows",
         "FILE",
     )
 
 
-def sources(base: Base) -> prdesc.Sources:
-    """Where the evidence for `base` lives in this repository."""
-    return prdesc.Sources(
-        version=base.version,
-        measurements=paths.REPO / "docs" / "measurements.md",
-        readme=paths.REPO / "README.md",
-        pristine_log=testcmd.log_path(testcmd.model_part(base.version, False)),
-        patched_log=testcmd.log_path(testcmd.model_part(base.version, True)),
-        neighbours_log=testcmd.log_path(testcmd.neighbours_part(base.version)),
-        neighbours_list=NEIGHBOURS,
-        expected_failures=base.expected_base_failures,
-        gpu_results=paths.build_dir() / "gpu" / f"results-{base.version}",
-        sm90_pristine_log=testcmd.log_path(
-            testcmd.model_part(base.version, False, testcmd.SM90_HOST)
-        ),
-        sm90_patched_log=testcmd.log_path(
-            testcmd.model_part(base.version, True, testcmd.SM90_HOST)
-        ),
-    )
-
-
-def sdist_template(base: Base) -> str | None:
-    """The PR template in the release's sdist (sha256-checked, cached)."""
-    member = f"vllm-{base.version}/{export.TEMPLATE}"
-    try:
+def vllm_files(base: Base, src: Path | None) -> set[str]:
+    """The files of vLLM with the series: `src`'s tracked files, else those
+    of the release's sdist (sha256-checked, cached)."""
+    if src is not None:
+        listed = gitutil.git("ls-files", "-z", cwd=src).stdout.split("\0")
+    else:
         with tarfile.open(upstream.sdist(base.version)) as tar:
-            handle = tar.extractfile(member)
-            return handle.read().decode() if handle else None
-    except (KeyError, OSError, tarfile.TarError):
-        return None
+            listed = [n.partition("/")[2] for n in tar.getnames()]
+    return {f for f in listed if f} | set(Series.load(base).touched)
 
 
-def template_for(base: Base, src: Path | None) -> str:
-    found = export.release_template(src) if src else None
-    found = found or sdist_template(base)
-    if found is None:
-        raise PatchsetError(
-            f"export: no {export.TEMPLATE} in the checkout or vLLM "
-            f"{base.version}'s sdist"
-        )
-    return found
+def records(base: Base, src: Path | None) -> prdesc.Records:
+    files = vllm_files(base, src)
+    known = files | {str(p) for f in files for p in Path(f).parents}
+
+    def in_vllm(path: str) -> bool:
+        path = path.strip("/")
+        return path in known or f"tests/{path}" in known
+
+    build = paths.build_dir()
+    logs = sorted((build / "test-logs").glob("*.log"))
+    logs += sorted(
+        p for p in (build / "gpu").rglob("*") if p.suffix in (".xml", ".log")
+    )
+    return prdesc.Records.read(paths.REPO / "docs" / "measurements.md", logs, in_vllm)
 
 
-def check_file(base: Base, args: argparse.Namespace) -> int:
+def read(path: Path) -> str:
     try:
-        text = args.check.read_text()
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise PatchsetError(
-            f"export --check: {args.check}: cannot read it: {exc}"
-        ) from exc
-    evidence = prdesc.Evidence.read(sources(base))
-    problems = prdesc.check(text, template_for(base, args.vllm_src), evidence)
-    for problem in problems:
-        print(f"{args.check}: {problem}")
-    if not problems:
-        print(f"{args.check}: ok (headings, figures, identity, paragraphs)")
-    return 1 if problems else 0
+        raise PatchsetError(f"export: {path}: cannot read it ({exc})") from None
+
+
+def descriptions(series: Series, found: prdesc.Records) -> list[str]:
+    """Each patch's written description, checked; raise naming the first
+    missing or failing one."""
+    texts = []
+    for patch in series.patches:
+        path = paths.REPO / "docs" / "pr" / f"{patch.name[:4]}.md"
+        if not path.is_file():
+            raise PatchsetError(
+                f"export: {path} is missing: write {patch.name}'s description "
+                "there first; nothing was created"
+            )
+        text = read(path)
+        if problems := prdesc.check(text, found):
+            raise PatchsetError(
+                f"export: {path}: {problems[0]} (export --check {path} lists "
+                "all); nothing was created"
+            )
+        texts.append(text)
+    return texts
 
 
 def run(args: argparse.Namespace) -> int:
     base = chosen_base(args)
     if args.check:
-        return check_file(base, args)
+        problems = prdesc.check(read(args.check), records(base, args.vllm_src))
+        for problem in problems:
+            print(f"{args.check}: {problem}")
+        if not problems:
+            print(f"{args.check}: ok (headings, length, figures, paths, test runs)")
+        return 1 if problems else 0
     if args.vllm_src is None:
         raise PatchsetError("export: --vllm-src DIR is required (or --check FILE)")
     series = Series.load(base)
+    gitutil.require_clean_checkout(args.vllm_src)
+    texts = descriptions(series, records(base, args.vllm_src))
     out_dir = args.pr_dir or paths.build_dir() / "pr-descriptions"
-    evidence = prdesc.Evidence.read(sources(base))
     exported, release = export.export(
-        series,
-        args.vllm_src,
-        args.branch,
-        out_dir,
-        evidence,
-        lambda: sdist_template(base),
+        series, args.vllm_src, args.branch, out_dir, texts
     )
     print(release)
     for item in exported:
@@ -141,15 +137,4 @@ def run(args: argparse.Namespace) -> int:
             f"  on {item.base} ({item.reason}); commit {item.commit[:12]}\n"
             f"  description: {item.description}"
         )
-        if item.not_run:
-            print(f"  not run (said so in it): {'; '.join(item.not_run)}")
-        if item.untraced:
-            print(
-                f"  left out, no source holds: {'; '.join(item.untraced[:5])}"
-                + (
-                    f" (+{len(item.untraced) - 5} more)"
-                    if len(item.untraced) > 5
-                    else ""
-                )
-            )
     return 0
