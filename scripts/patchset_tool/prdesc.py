@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HEADINGS = (
-    "## Purpose",
-    "## Test Plan",
-    "## Test Result",
-    "Essential Elements of an Effective PR Description Checklist",
+    "## Overview",
+    "## Claims",
+    "## Validation",
+    "## Details",
+    "Pull Request Checklist",
 )
-"""vLLM's PULL_REQUEST_TEMPLATE.md on main, which a pull request targets."""
+"""vLLM's .github/PULL_REQUEST_TEMPLATE.md (0.33.0, 0.34.0)."""
 WORDS_OPEN, WORDS_ALL = 700, 1200
 PLACEHOLDER = re.compile(r"@[\w.-]*\.example\b|\bSeed [0-9a-f]{8} maintainers\b")
 FIGURE = re.compile(

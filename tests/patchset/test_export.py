@@ -48,25 +48,30 @@ def make_checkout(series: Path, tmp_path: Path) -> Path:
     return clone
 
 
-GOOD = f"""## Purpose
+GOOD = f"""## Overview
 
-The probe answers in 0.42x the time and holds 1,234,567 tokens (see #12345);
-`{PROBE}` is new, tested by `{PROBE_TEST}`.
+The probe answers in 0.42x the time and holds 1,234,567 tokens (see #12345).
 
-## Test Plan
+## Claims
 
-`pytest -v -s {PROBE_TEST}` on the release and on this branch.
+- `{PROBE}` is new, tested by `{PROBE_TEST}`.
 
-## Test Result
+## Validation
+
+`pytest -v -s {PROBE_TEST}` on the release and on this branch:
 
 ```text
 1 passed
 ```
 
-<details>
-<summary> Essential Elements of an Effective PR Description Checklist </summary>
+## Details
 
-- [x] The purpose of the PR.
+None.
+
+<details>
+<summary> Pull Request Checklist </summary>
+
+- [x] AI assistance was used during the creation of this PR.
 </details>
 """
 
@@ -251,8 +256,11 @@ LONG = "word " * 701
 @pytest.mark.parametrize(
     "damage, problem",
     [
-        (lambda t: t.replace("## Test Plan\n", ""), "heading '## Test Plan'"),
-        (lambda t: t.replace("Essential", "Some"), "heading 'Essential Elements"),
+        (lambda t: t.replace("## Claims\n", ""), "heading '## Claims'"),
+        (
+            lambda t: t.replace("Pull Request Checklist", "Some"),
+            "heading 'Pull Request Checklist",
+        ),
         (lambda t: t + "\nIt is 7.77x faster.\n", "the figure 7.77 is not in"),
         (lambda t: t + "\nRun `scripts/patchset test`.\n", "names scripts/patchset,"),
         (lambda t: t + "\nLogs: build/test-logs/.\n", "names build/test-logs/,"),
