@@ -269,16 +269,17 @@ def test_sm100_576_priority_unchanged():
 
 
 @pytest.mark.parametrize(
-    ("kv_cache_dtype", "first"),
+    ("head_size", "kv_cache_dtype", "first"),
     [
-        ("auto", "FLASHINFER_MLA_SPARSE_SM90"),
-        ("bfloat16", "FLASHINFER_MLA_SPARSE_SM90"),
-        ("fp8", "FLASHMLA_SPARSE"),
-        ("fp8_e4m3", "FLASHMLA_SPARSE"),
+        (512, "auto", "FLASHINFER_MLA_SPARSE_SM90"),
+        (512, "bfloat16", "FLASHINFER_MLA_SPARSE_SM90"),
+        (512, "fp8", "FLASHMLA_SPARSE"),
+        (512, "fp8_e4m3", "FLASHMLA_SPARSE"),
+        (576, "auto", "FLASHMLA_SPARSE"),
     ],
 )
-def test_sm90_nope_512_order_keyed_on_quantized_cache(kv_cache_dtype, first):
-    order = _sparse_order(kv_cache_dtype, 512, num_heads=64, capability=SM90)
+def test_sm90_sparse_order_keyed_on_quantized_cache(head_size, kv_cache_dtype, first):
+    order = _sparse_order(kv_cache_dtype, head_size, num_heads=64, capability=SM90)
     assert [b for b in order if b != "FLASH_ATTN_MLA_SPARSE"][0] == first, order
 
 
@@ -322,7 +323,20 @@ def test_nope_512_mtp_drafter_must_share_fp8_ds_mla_rows(
 
 @pytest.mark.parametrize("capability", [SM90, SM100], ids=["sm90", "sm100"])
 def test_576_fp8_e4m3_stays_with_per_tensor_backends(capability):
-    assert _supports_combination(576, "fp8_e4m3", capability) is not None
+    reasons = FlashMLASparseBackend.validate_configuration(
+        head_size=576,
+        dtype=torch.bfloat16,
+        kv_cache_dtype="fp8_e4m3",
+        block_size=64,
+        use_mla=True,
+        has_sink=False,
+        use_sparse=True,
+        use_mm_prefix=False,
+        use_per_head_quant_scales=False,
+        device_capability=capability,
+        attn_type="decoder",
+    )
+    assert reasons
 
 
 @pytest.mark.skipif(not current_platform.is_cuda(), reason="Requires CUDA backends")
