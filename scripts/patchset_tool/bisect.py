@@ -14,13 +14,11 @@ worktree as with vLLM's precompiled wheels, so this bisects Python
 changes, which is what the series touches.
 """
 
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 from . import envmgr, gitutil, sourcetree
-from .bases import Base, release_order
 from .distinfo import default_install
 from .errors import PatchsetError
 from .series import Series
@@ -55,33 +53,12 @@ def verdict(pytest_rc: int) -> int:
     return SKIP
 
 
-def release_of(src: Path) -> Base | None:
-    """The declared base whose compiled extensions suit HEAD of `src`: the
-    release its vllm/_version.py names, else the newest declared base whose
-    tag is an ancestor of HEAD."""
-    version_file = src / "vllm" / "_version.py"
-    if version_file.is_file():
-        found = re.search(r"__version__\s*=.*?'([0-9.]+)", version_file.read_text())
-        for base in release_order():
-            if found and base.version == found.group(1):
-                return base
-    ancestors = [
-        b
-        for b in release_order()
-        if gitutil.git(
-            "merge-base", "--is-ancestor", b.tag, "HEAD", cwd=src, check=False
-        ).returncode
-        == 0
-    ]
-    return ancestors[-1] if ancestors else None
-
-
 def bisect_run(series: Series, src: Path, pytest_args: list[str]) -> int:
     """Apply `series` at HEAD of `src` in a scratch worktree and run its
     model tests there, over the compiled extensions of the release HEAD
     belongs to; return 0, 1 or 125."""
     head = gitutil.require_clean_checkout(src, allow_bisect=True)[:12]
-    release = release_of(src)
+    release = gitutil.release_of(src)
     if release is None:
         print(f"bisect-run: {head}: no declared release precedes it, skipping (125)")
         return SKIP

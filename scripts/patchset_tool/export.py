@@ -40,8 +40,6 @@ KIND = "pr-descriptions"
 SIGNOFF = re.compile(r"^\s*Signed-off-by:", re.I)
 EMAIL = re.compile(r"<([^>]+)>")
 TRAILER = re.compile(r"^[A-Za-z][\w-]*: ")
-RELEASE_VERSION = re.compile(r"^__version__\s*=.*?['\"](\d+\.\d+\.\d+)['\"+]", re.M)
-DESCRIBE = re.compile(r"^v(\d+\.\d+\.\d+)(?:-(\d+)-g[0-9a-f]+)?$")
 ZERO = "0" * 40
 
 
@@ -84,39 +82,18 @@ def default_branches(series: Series) -> list[str]:
     return [f"glm5next/{p.name.removesuffix('.patch')}" for p in series.patches]
 
 
-def checkout_release(src: Path) -> tuple[str | None, str]:
-    """(the vLLM release HEAD of `src` is, how that was found): the release
-    `vllm/_version.py` names, else the `vX.Y.Z` tag `git describe` finds
-    (with the commits after it); (None, why) when neither says."""
-    version_file = src / "vllm" / "_version.py"
-    if version_file.is_file():
-        found = RELEASE_VERSION.search(version_file.read_text(errors="replace"))
-        if found:
-            return found.group(1), "vllm/_version.py"
-    described = gitutil.git(
-        "describe", "--tags", "--match", "v[0-9]*", "HEAD", cwd=src, check=False
-    )
-    match = DESCRIBE.match(described.stdout.strip())
-    if described.returncode == 0 and match:
-        after = f", {match.group(2)} commits after it" if match.group(2) else ""
-        return match.group(1), f"git describe: {described.stdout.strip()}{after}"
-    return None, "no vllm/_version.py with a release and no vX.Y.Z tag"
-
-
 def refuse_other_release(series: Series, src: Path) -> str:
     """Raise when `src` is a checkout of another vLLM release than the
-    series' base; return what was found."""
-    found, how = checkout_release(src)
+    series' base (`gitutil.other_release`); return what was found."""
     want = series.base.version
-    if found is not None and found != want:
+    if why := gitutil.other_release(src, series.base):
         raise PatchsetError(
-            f"export: {src} is a checkout of vLLM {found} ({how}); this series "
-            f"is for vLLM {want}. Check out v{want} (or main after it), or "
-            "export the series of that release with --base; nothing was created"
+            f"export: {why}. Check out v{want} (or main after it), or export "
+            "the series of that release with --base; nothing was created"
         )
-    if found is None:
-        return f"cannot tell which vLLM release {src} is ({how}); taken as {want}"
-    return f"{src} is vLLM {found} ({how})"
+    if found := gitutil.checkout_version(src):
+        return f"{src} is vLLM {found[1]} ({found[2]})"
+    return f"cannot tell which vLLM release {src} is (no vX.Y.Z tag); taken as {want}"
 
 
 def project_identities(series: Series) -> set[str]:

@@ -172,54 +172,56 @@ def require_clean_checkout(src: Path, allow_bisect: bool = False) -> str:
     return git("rev-parse", "HEAD", cwd=src).stdout.strip()
 
 
-VERSION_LINE = re.compile(r"""__version__\s*=.*?['"]([^'"]+)['"]""")
-RELEASE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(.*)$")
+DESCRIBED = re.compile(r"^v(\d+)\.(\d+)\.(\d+)(\S*?)(?:-(\d+)-g[0-9a-f]+)?$")
 
 
-def checkout_version(src: Path) -> tuple[str, str] | None:
-    """(vLLM version, where it was read) of the checkout `src`: its
-    vllm/_version.py (setuptools-scm writes it on a build), else a release
-    tag at HEAD; None when neither says."""
-    version_file = src / "vllm" / "_version.py"
-    if version_file.is_file():
-        found = VERSION_LINE.search(version_file.read_text(errors="replace"))
-        if found:
-            return found.group(1), "vllm/_version.py"
-    tags = git(
-        "tag", "--points-at", "HEAD", "--list", "v[0-9]*", cwd=src, check=False
-    ).stdout.split()
-    if tags:
-        return tags[0].removeprefix("v"), f"tag {tags[0]} at HEAD"
-    return None
+def checkout_version(src: Path) -> tuple[tuple[int, ...], str, str] | None:
+    """(release numbers, vLLM version, how git said it) of HEAD of `src`,
+    by the one rule every command follows: the `vX.Y.Z` tag `git describe`
+    finds, as setuptools-scm reads it (`0.34.0` at the tag, `0.34.1.dev12`
+    twelve commits after it; `0.35.0rc1.dev3` after `v0.35.0rc1`). An
+    untracked `vllm/_version.py` left by a build never decides it. None
+    when no release tag precedes HEAD."""
+    said = git(
+        "describe", "--tags", "--match", "v[0-9]*", "HEAD", cwd=src, check=False
+    ).stdout.strip()
+    if not (match := DESCRIBED.match(said)):
+        return None
+    numbers = tuple(int(n) for n in match.groups()[:3])
+    suffix, after = match.group(4), match.group(5)
+    if after and not suffix:
+        numbers = (*numbers[:2], numbers[2] + 1)
+    version = ".".join(map(str, numbers)) + suffix + (f".dev{after}" if after else "")
+    return numbers, version, f"git describe: {said}"
+
+
+def release_of(src: Path) -> Base | None:
+    """The newest declared base HEAD of `src` comes at or after
+    (`checkout_version`); None when it precedes them all or nothing says."""
+    found = checkout_version(src)
+    if found is None:
+        return None
+    numbers, version, _ = found
+    final = version == ".".join(map(str, numbers))
+    older = [
+        b
+        for b in release_order()
+        if b.version_key < numbers or (final and b.version_key == numbers)
+    ]
+    return older[-1] if older else None
 
 
 def other_release(src: Path, base: Base) -> str | None:
     """Why the checkout `src` is not of `base`'s release line, or None when
-    it is (or nothing says which it is). A release (`0.33.0`, `0.35.0rc1`)
-    must be `base`'s; a development version (`0.34.1.dev12+g...`, what
-    setuptools-scm writes after the tag v0.34.0) must come after `base`
-    and before any other declared base."""
+    it is (or nothing says which): a release (a tag at HEAD) must be
+    `base`'s, a development version must come after `base` and before
+    any other declared base (`release_of`)."""
     found = checkout_version(src)
-    if found is None:
-        return None
-    version, where = found
-    match = RELEASE.match(version)
-    if match is None:
-        return None
-    numbers = tuple(int(n) for n in match.groups()[:3])
-    release = ".".join(map(str, numbers))
-    dev = ".dev" in match.group(4)
-    if not dev and release == base.version:
-        return None
-    newer = [b for b in release_order() if b.version_key > base.version_key]
-    if (
-        dev
-        and numbers > base.version_key
-        and not any(b.version_key < numbers for b in newer)
-    ):
+    dev = found is not None and ".dev" in found[1]
+    if found is None or (release_of(src) == base if dev else found[1] == base.version):
         return None
     return (
-        f"{src} is vLLM {version} ({where}), not a checkout of vLLM "
+        f"{src} is vLLM {found[1]} ({found[2]}), not a checkout of vLLM "
         f"{base.version}, the release this series is for"
     )
 
