@@ -302,9 +302,10 @@ def report_tree(base: Base, dest: Path) -> int:
 def apply_to_checkout(
     series: Series, src: Path, check: bool, other_release: bool = False
 ) -> tuple[int, float]:
-    """`git am -3` `series` onto a vLLM checkout (check: in a scratch
-    worktree, leaving `src` alone); return (patches, seconds). A checkout
-    of another release is refused unless `other_release`."""
+    """`git am -3` `series` onto a vLLM checkout (in a scratch clone; then,
+    unless `check`, fast-forward `src` to the result in one uninterruptible
+    step); return (patches, seconds). A checkout of another release is
+    refused unless `other_release`."""
     start = time.monotonic()
     gitutil.require_clean_checkout(src)
     if why := gitutil.other_release(src, series.base):
@@ -314,9 +315,11 @@ def apply_to_checkout(
                 "three-way merge the series onto it anyway (nothing was changed)"
             )
         print(f"note: {why}; merging the series onto it (--other-release)")
-    if check:
-        with gitutil.scratch_worktree(src) as scratch:
-            gitutil.am_series(scratch, series.patches)
-    else:
-        gitutil.am_series(src, series.patches)
+    with gitutil.scratch_clone(src) as scratch:
+        gitutil.am_series(scratch, series.patches)
+        if not check:
+            head = gitutil.git("rev-parse", "HEAD", cwd=scratch).stdout.strip()
+            with gitutil.publishing(f"the series' commits on {src}"):
+                gitutil.fetch_commits(src, scratch, [head])
+                gitutil.git("merge", "--ff-only", "--quiet", head, cwd=src)
     return len(series.patches), time.monotonic() - start

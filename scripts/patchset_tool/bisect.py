@@ -54,7 +54,7 @@ def verdict(pytest_rc: int) -> int:
 
 
 def bisect_run(series: Series, src: Path, pytest_args: list[str]) -> int:
-    """Apply `series` at HEAD of `src` in a scratch worktree and run its
+    """Apply `series` at HEAD of `src` in a scratch clone and run its
     model tests there, over the compiled extensions of the release HEAD
     belongs to; return 0, 1 or 125."""
     head = gitutil.require_clean_checkout(src, allow_bisect=True)[:12]
@@ -63,7 +63,7 @@ def bisect_run(series: Series, src: Path, pytest_args: list[str]) -> int:
         print(f"bisect-run: {head}: no declared release precedes it, skipping (125)")
         return SKIP
     python = envmgr.env_python(release, require=False) or envmgr.setup(release)
-    with gitutil.scratch_worktree(src) as scratch:
+    with gitutil.scratch_clone(src) as scratch:
         try:
             gitutil.am_series(scratch, series.patches)
         except PatchsetError as exc:

@@ -217,7 +217,7 @@ def test_refresh_next_needs_a_commit_then_makes_it_a_patch(
     assert (project.overlay() / INIT).read_text().endswith("# folded too\n")
 
 
-def test_scratch_worktree_keeps_the_users_other_worktrees(
+def test_apply_check_keeps_the_users_other_worktrees(
     project: Project,
     checkout: Path,  # noqa: F811
     tmp_path: Path,

@@ -21,7 +21,7 @@ from .options import Subparsers, chosen_base, command_parser, path_option
 
 HELP = "for `git bisect run`: 0 good, 1 bad; 125 skip; 255 aborts the bisect"
 DESCRIPTION = (
-    "Apply the series at HEAD of the checkout (in a scratch worktree) and run "
+    "Apply the series at HEAD of the checkout (in a scratch clone) and run "
     "its tests there. Exit codes, as `git bisect run` reads them: 0 the tests "
     "pass, 1 they fail (the only verdicts); 125 this commit cannot be judged "
     "(the series does not apply, vLLM does not import, no declared release "
