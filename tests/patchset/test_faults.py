@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from projectkit import REPO, Project
+from projectkit import PROBE, REPO, Project
 
 from patchset_tool import cli, trees
 
@@ -117,6 +117,19 @@ def test_a_damaged_manifest_is_rebuilt(project: Project, series: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "already up to date" not in result.stdout
     assert trees.damage(project.patched) == []
+
+
+def test_run_rebuilds_a_tree_with_a_file_edited_to_the_same_size(
+    project: Project, series: Path
+) -> None:
+    assert project.patchset("apply").returncode == 0
+    edited = project.patched / PROBE
+    good = edited.read_bytes()
+    edited.write_bytes(good.replace(b"42", b"24"))
+    result = project.patchset("run", "--", "python", "-c", "")
+    assert result.returncode == 0, result.stderr
+    assert "missing or stale; applying the series" in result.stderr
+    assert edited.read_bytes() == good
 
 
 # --- D7, D11, D12: arguments checked first; messages; help ----------------------
