@@ -4,21 +4,21 @@
 
 Exit codes follow git bisect: only a test verdict is 0 (good) or 1 (bad);
 125 skips a commit that cannot be judged (the series does not apply, vLLM
-cannot be imported there, no declared release precedes it, pytest could
-not run the tests); ABORT (255), or 128+N after signal N, stops the bisect
-when nothing can be judged (bad input, a dirty checkout, a failed set-up,
-a tool error, an interrupt). The checkout's
+cannot be imported there, no declared release precedes it, pytest ran no
+test: an error, all skipped, none selected); ABORT (255), or 128+N after
+signal N, stops the bisect when nothing can be judged (bad input, a dirty
+checkout, a failed set-up, a tool error, an interrupt). The checkout's
 Python runs over the compiled extensions of the release it belongs to (the
 newest declared base not newer than the commit), linked into a scratch
-worktree as with vLLM's precompiled wheels, so this bisects Python
-changes, which is what the series touches.
+clone as with vLLM's precompiled wheels, so this bisects Python changes,
+which is what the series touches.
 """
 
 import subprocess
 import sys
 from pathlib import Path
 
-from . import envmgr, gitutil, sourcetree
+from . import envmgr, gitutil, junit, sourcetree
 from .distinfo import default_install
 from .errors import PatchsetError
 from .series import Series
@@ -93,17 +93,14 @@ def bisect_run(series: Series, src: Path, pytest_args: list[str]) -> int:
             for t in series.test_files
             if Path(t).name.startswith("test_")
         ]
-        command = [
-            str(python),
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            *tests,
-            *pytest_args,
-        ]
+        xml = scratch / ".patchset-junit.xml"
+        command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        command += [f"--junitxml={xml}", *tests, *pytest_args]
         result = subprocess.run(command, cwd=scratch / "tests", env=env).returncode
+        ran = xml.is_file() and "passed" in junit.read_outcomes(xml).values()
+    if result == 0 and not ran:
+        print(f"bisect-run: {head}: no selected test ran (all skipped), skipping (125)")
+        return SKIP
     told = verdict(result)
     print(f"bisect-run: {head}: pytest exited {result}; reporting {told}")
     return told

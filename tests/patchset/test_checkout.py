@@ -131,8 +131,8 @@ def test_refresh_conflict_keeps_the_edits(project: Project, work: Path) -> None:
 
 @pytest.mark.parametrize(
     "case, expected",
-    [("good", 0), ("test-fails", 1), ("does-not-apply", 125)],
-    ids=["good", "test-fails", "does-not-apply"],
+    [("good", 0), ("test-fails", 1), ("does-not-apply", 125), ("all-skip", 125)],
+    ids=["good", "test-fails", "does-not-apply", "all-skip"],
 )
 def test_bisect_run_verdicts(
     project: Project, work: Path, case: str, expected: int
@@ -141,6 +141,10 @@ def test_bisect_run_verdicts(
     if case == "test-fails":
         for patch in project.patches().glob("0001-*.patch"):
             patch.write_text(patch.read_text().replace("ANSWER == 42", "ANSWER == 41"))
+    if case == "all-skip":
+        for patch in project.patches().glob("0001-*.patch"):
+            skip = "__import__('pytest').skip('no GPU')"
+            patch.write_text(patch.read_text().replace("assert ANSWER == 42", skip))
     if case == "does-not-apply":
         (work / KDA).write_text("# upstream rewrote this file\n")
         git("commit", "--quiet", "-am", "rewrite kda", cwd=work)
