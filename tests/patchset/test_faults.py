@@ -44,12 +44,13 @@ def assert_one_error(result: subprocess.CompletedProcess[str], code: int = 1) ->
     [
         (["capacity", "--pristine", "--tp", "0"], "--tp: 0 is not above 0"),
         (["capacity", "--pristine", "--budget-gib", "-5"], "--budget-gib: -5"),
+        (["capacity", "--pristine", "--budget-gib", "inf"], "inf is not finite"),
         (
             ["coverage", "--pristine", "--config", "/nonexistent.json"],
             "/nonexistent.json: No such file",
         ),
     ],
-    ids=["tp-0", "budget-negative", "config-missing"],
+    ids=["tp-0", "budget-negative", "budget-inf", "config-missing"],
 )
 def test_report_arguments_are_checked_in_the_parser(
     argv: list[str], words: str
