@@ -98,8 +98,11 @@ def git(
         start_new_session=bool(_held),
     )
     if check and proc.returncode:
+        full = "no space left on the device; free space and run again: " * (
+            "No space left on device" in proc.stderr
+        )
         raise PatchsetError(
-            f"git {' '.join(args)} failed in {cwd}:\n{proc.stderr.strip()}"
+            f"{full}git {' '.join(args)} failed in {cwd}:\n{proc.stderr.strip()}"
         )
     return proc
 
@@ -304,6 +307,8 @@ def _hunk_failure(src: Path, head: str, patches: list[Patch], failed: Patch) -> 
                 check=False,
             )
         check = git("apply", "--check", str(failed.path), cwd=scratch, check=False)
+        if check.returncode == 0:  # e.g. signing the commit failed
+            return f"{failed.name}: applies, but `git am` could not commit it"
         return explain_failure(failed, check.stderr)
 
 

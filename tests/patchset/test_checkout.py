@@ -2,7 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The maintainer's uses: a vLLM git checkout, refresh and bisect."""
 
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,6 +101,41 @@ def test_dirty_checkout_is_refused(project: Project, checkout: Path) -> None:
     assert result.returncode == 1
     assert "has uncommitted changes" in result.stderr
     assert (checkout / INIT).read_text() == "# local edit\n"
+
+
+def test_a_failed_signing_is_not_a_patch_that_does_not_apply(
+    project: Project, checkout: Path
+) -> None:
+    env = {**project.env, "GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "gpg.program"}
+    env.update(GIT_CONFIG_VALUE_0="false", GIT_CONFIG_KEY_1="commit.gpgSign")
+    env.update(GIT_CONFIG_VALUE_1="true")
+    before = state(checkout)
+    result = project.patchset("apply", "--vllm-src", str(checkout), env=env)
+    assert result.returncode == 1
+    assert "applies, but `git am` could not commit it" in result.stderr
+    assert "does not apply" not in result.stderr and "gpg" in result.stderr
+    assert state(checkout) == before
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+def test_a_full_temporary_disk_is_said_first(
+    project: Project, checkout: Path, tmp_path: Path
+) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    script = (
+        f"mount -t tmpfs -o size=8k tmpfs {small} && TMPDIR={small} "
+        f"{sys.executable} scripts/patchset apply --check --vllm-src {checkout}"
+    )
+    result = subprocess.run(
+        ["unshare", "--map-root-user", "--mount", "sh", "-c", script],
+        cwd=project.root,
+        env=project.env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("patchset: error: no space left on the device")
 
 
 def test_refresh_regenerates_patch_and_overlay(project: Project, work: Path) -> None:
