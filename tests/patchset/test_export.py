@@ -355,6 +355,21 @@ def test_check_names_what_is_wrong(
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("kind", ["huge", "endless"])
+def test_check_of_a_huge_or_endless_file_is_one_line(
+    project: Project, env: dict[str, str], tmp_path: Path, kind: str
+) -> None:
+    target = tmp_path / "description.md"
+    if kind == "huge":
+        with open(target, "wb") as handle:
+            handle.truncate(2 << 20)
+    else:
+        os.mkfifo(target)  # no writer: a read would wait forever
+    result = export(project, env, "--check", str(target))
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "cannot read it" in result.stderr
+
+
 # ---------------------------------------------------- harms (issue 27)
 
 

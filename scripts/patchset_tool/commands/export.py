@@ -15,6 +15,8 @@ from ..series import Series
 from .options import Subparsers, chosen_base, command_parser, path_option
 
 HELP = "one branch per patch, signed off by you, each with its PR description"
+LIMIT = 1 << 20
+"""The most bytes of a description `--check` reads (one is a few KiB)."""
 
 
 def register(subparsers: Subparsers) -> None:
@@ -103,7 +105,13 @@ def template_for(base: Base, src: Path | None) -> str:
 
 def check_file(base: Base, args: argparse.Namespace) -> int:
     try:
-        text = args.check.read_text()
+        if not args.check.is_file():  # a pipe or a device may never end
+            raise OSError("not a regular file")
+        with open(args.check, "rb") as handle:
+            data = handle.read(LIMIT + 1)
+        if len(data) > LIMIT:
+            raise OSError(f"over {LIMIT >> 20} MiB, not a description")
+        text = data.decode()
     except (OSError, UnicodeDecodeError) as exc:
         raise PatchsetError(
             f"export --check: {args.check}: cannot read it: {exc}"
