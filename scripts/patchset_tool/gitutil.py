@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,11 +62,14 @@ def publishing(what: str) -> Iterator[None]:
     """Run the body (the step that puts a command's result in place) with
     SIGINT, SIGTERM and SIGHUP held back, its git in a session of its own
     (a signal to the process group misses it too); a signal that came
-    meanwhile is raised once `what` is in place."""
+    meanwhile is raised once `what` is in place. Off the main thread
+    (the parts of `test`), where no signal is delivered, the body just runs."""
     held: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
     old = {
         signum: signal.signal(signum, lambda signum, _: held.append(signum))
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        if main
     }
     _held.append(held)
     try:

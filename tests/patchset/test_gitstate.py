@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -302,3 +303,15 @@ def test_apply_refuses_a_checkout_of_another_release(
     )
     assert forced.returncode == 0, forced.stderr
     assert "--other-release" in forced.stdout
+
+
+def test_a_result_is_published_from_a_worker_thread(tmp_path: Path) -> None:
+    """`test` applies the series to release checkouts from its worker
+    threads, where Python refuses to set a signal handler."""
+
+    def publish() -> int:
+        with gitutil.publishing("nothing"):
+            return gitutil.git("--version", cwd=tmp_path).returncode
+
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(publish).result() == 0
