@@ -205,7 +205,7 @@ def apply_to_package(
     with trees.locked(dest):
         trees.remove_stale(dest)  # what a killed apply left behind
         claim_tree(dest)  # again: another run may have written it meanwhile
-        if not force and _is_current(dest, install, series, full=True):
+        if not force and _is_current(dest, install, series):
             _compare_with_overlay(series, dest)
             summary.up_to_date = True
         else:
@@ -260,16 +260,14 @@ def _swap_into_place(staging: Path, dest: Path, old: Path) -> None:
     staging.rename(dest)
 
 
-def is_current(
-    dest: Path, install: InstalledVllm, base: Base, full: bool = False
-) -> bool:
+def is_current(dest: Path, install: InstalledVllm, base: Base) -> bool:
     """Whether `dest` was built from `base`'s current series and install,
-    and still holds every file its manifest lists (`full`: with the same
-    sha256; otherwise the same size)."""
-    return _is_current(dest, install, Series.load(base), full)
+    and still holds every file its manifest lists, with the same sha256
+    (an edited file of the same size is stale too)."""
+    return _is_current(dest, install, Series.load(base))
 
 
-def _is_current(dest: Path, install: InstalledVllm, series: Series, full: bool) -> bool:
+def _is_current(dest: Path, install: InstalledVllm, series: Series) -> bool:
     """`is_current` for a loaded series."""
     try:
         stamp = json.loads((dest / STAMP).read_text(encoding="utf-8"))
@@ -277,7 +275,7 @@ def _is_current(dest: Path, install: InstalledVllm, series: Series, full: bool) 
         return False
     if stamp.get("digest") != series_digest(install, series):
         return False
-    return not trees.damage(dest, full=full)
+    return not trees.damage(dest)
 
 
 def report_tree(base: Base, dest: Path) -> int:
@@ -302,9 +300,10 @@ def report_tree(base: Base, dest: Path) -> int:
 def apply_to_checkout(
     series: Series, src: Path, check: bool, other_release: bool = False
 ) -> tuple[int, float]:
-    """`git am -3` `series` onto a vLLM checkout (check: in a scratch
-    worktree, leaving `src` alone); return (patches, seconds). A checkout
-    of another release is refused unless `other_release`."""
+    """`git am -3` `series` onto a vLLM checkout (in a scratch clone; then,
+    unless `check`, fast-forward `src` to the result in one uninterruptible
+    step); return (patches, seconds). A checkout of another release is
+    refused unless `other_release`."""
     start = time.monotonic()
     gitutil.require_clean_checkout(src)
     if why := gitutil.other_release(src, series.base):
@@ -314,9 +313,11 @@ def apply_to_checkout(
                 "three-way merge the series onto it anyway (nothing was changed)"
             )
         print(f"note: {why}; merging the series onto it (--other-release)")
-    if check:
-        with gitutil.scratch_worktree(src) as scratch:
-            gitutil.am_series(scratch, series.patches)
-    else:
-        gitutil.am_series(src, series.patches)
+    with gitutil.scratch_clone(src) as scratch:
+        gitutil.am_series(scratch, series.patches)
+        if not check:
+            head = gitutil.git("rev-parse", "HEAD", cwd=scratch).stdout.strip()
+            with gitutil.publishing(f"the series' commits on {src}"):
+                gitutil.fetch_commits(src, scratch, [head])
+                gitutil.git("merge", "--ff-only", "--quiet", head, cwd=src)
     return len(series.patches), time.monotonic() - start

@@ -4,23 +4,21 @@
 
 Exit codes follow git bisect: only a test verdict is 0 (good) or 1 (bad);
 125 skips a commit that cannot be judged (the series does not apply, vLLM
-cannot be imported there, no declared release precedes it, pytest could
-not run the tests); ABORT (255), or 128+N after signal N, stops the bisect
-when nothing can be judged (bad input, a dirty checkout, a failed set-up,
-a tool error, an interrupt). The checkout's
+cannot be imported there, no declared release precedes it, pytest ran no
+test: an error, all skipped, none selected); ABORT (255), or 128+N after
+signal N, stops the bisect when nothing can be judged (bad input, a dirty
+checkout, a failed set-up, a tool error, an interrupt). The checkout's
 Python runs over the compiled extensions of the release it belongs to (the
 newest declared base not newer than the commit), linked into a scratch
-worktree as with vLLM's precompiled wheels, so this bisects Python
-changes, which is what the series touches.
+clone as with vLLM's precompiled wheels, so this bisects Python changes,
+which is what the series touches.
 """
 
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-from . import envmgr, gitutil, sourcetree
-from .bases import Base, release_order
+from . import envmgr, gitutil, junit, sourcetree
 from .distinfo import default_install
 from .errors import PatchsetError
 from .series import Series
@@ -55,38 +53,17 @@ def verdict(pytest_rc: int) -> int:
     return SKIP
 
 
-def release_of(src: Path) -> Base | None:
-    """The declared base whose compiled extensions suit HEAD of `src`: the
-    release its vllm/_version.py names, else the newest declared base whose
-    tag is an ancestor of HEAD."""
-    version_file = src / "vllm" / "_version.py"
-    if version_file.is_file():
-        found = re.search(r"__version__\s*=.*?'([0-9.]+)", version_file.read_text())
-        for base in release_order():
-            if found and base.version == found.group(1):
-                return base
-    ancestors = [
-        b
-        for b in release_order()
-        if gitutil.git(
-            "merge-base", "--is-ancestor", b.tag, "HEAD", cwd=src, check=False
-        ).returncode
-        == 0
-    ]
-    return ancestors[-1] if ancestors else None
-
-
 def bisect_run(series: Series, src: Path, pytest_args: list[str]) -> int:
-    """Apply `series` at HEAD of `src` in a scratch worktree and run its
+    """Apply `series` at HEAD of `src` in a scratch clone and run its
     model tests there, over the compiled extensions of the release HEAD
     belongs to; return 0, 1 or 125."""
     head = gitutil.require_clean_checkout(src, allow_bisect=True)[:12]
-    release = release_of(src)
+    release = gitutil.release_of(src)
     if release is None:
         print(f"bisect-run: {head}: no declared release precedes it, skipping (125)")
         return SKIP
     python = envmgr.env_python(release, require=False) or envmgr.setup(release)
-    with gitutil.scratch_worktree(src) as scratch:
+    with gitutil.scratch_clone(src) as scratch:
         try:
             gitutil.am_series(scratch, series.patches)
         except PatchsetError as exc:
@@ -116,17 +93,14 @@ def bisect_run(series: Series, src: Path, pytest_args: list[str]) -> int:
             for t in series.test_files
             if Path(t).name.startswith("test_")
         ]
-        command = [
-            str(python),
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            *tests,
-            *pytest_args,
-        ]
+        xml = scratch / ".patchset-junit.xml"
+        command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        command += [f"--junitxml={xml}", *tests, *pytest_args]
         result = subprocess.run(command, cwd=scratch / "tests", env=env).returncode
+        ran = xml.is_file() and "passed" in junit.read_outcomes(xml).values()
+    if result == 0 and not ran:
+        print(f"bisect-run: {head}: no selected test ran (all skipped), skipping (125)")
+        return SKIP
     told = verdict(result)
     print(f"bisect-run: {head}: pytest exited {result}; reporting {told}")
     return told

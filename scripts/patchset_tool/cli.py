@@ -14,6 +14,7 @@ import sys
 import zipfile
 from types import FrameType
 
+from . import gitutil
 from .commands import COMMANDS, options, report
 from .errors import PatchsetError, Terminated
 
@@ -150,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
         name = signal.Signals(signum).name
-        print(
-            f"patchset: interrupted ({name}); nothing partial was left in place",
-            file=sys.stderr,
-        )
+        left = "nothing partial was left in place"
+        if gitutil.PUBLISHED:
+            left = f"after it had put {' and '.join(gitutil.PUBLISHED)} in place"
+        print(f"patchset: interrupted ({name}); {left}", file=sys.stderr)
         return 128 + signum

@@ -5,7 +5,7 @@ description (`docs/pr/NNNN.md`, checked by `prdesc.check`).
 
 Patch 1 goes on the release (HEAD of the checkout). Each later patch goes on
 the release too when it applies there alone and nothing it or its tests use
-comes from an earlier patch (tried in a scratch worktree: `git am -3`, then
+comes from an earlier patch (tried in a scratch clone: `git am -3`, then
 its imports and its tests' fixtures read against the files the earlier
 patches add); else it is stacked on the previous patch's branch.
 
@@ -16,9 +16,9 @@ Signed-off-by lines and any line naming the project's identity are dropped.
 All or nothing: every input is checked before anything is written (branch
 names with `git check-ref-format --branch`, no existing branch, the
 checkout's release, the identity, the descriptions' folder); the commits
-are made in a scratch worktree, the descriptions in a scratch folder; only
-then are the branches created and the folder put in place, and a failure
-there removes the branches this run created.
+are made in a scratch clone, the descriptions in a scratch folder; only
+then are the branches created (one ref transaction) and the folder put in
+place, as one step that signals do not interrupt (`gitutil.publishing`).
 """
 
 import contextlib
@@ -37,7 +37,6 @@ KIND = "pr-descriptions"
 SIGNOFF = re.compile(r"^\s*Signed-off-by:", re.I)
 EMAIL = re.compile(r"<([^>]+)>")
 TRAILER = re.compile(r"^[A-Za-z][\w-]*: ")
-ZERO = "0" * 40
 
 
 @dataclass
@@ -69,6 +68,20 @@ def check_branch_name(name: str, src: Path) -> None:
 def default_branches(series: Series) -> list[str]:
     """glm5next/<patch file name without .patch>, one per patch."""
     return [f"glm5next/{p.name.removesuffix('.patch')}" for p in series.patches]
+
+
+def refuse_other_release(series: Series, src: Path) -> str:
+    """Raise when `src` is a checkout of another vLLM release than the
+    series' base (`gitutil.other_release`); return what was found."""
+    want = series.base.version
+    if why := gitutil.other_release(src, series.base):
+        raise PatchsetError(
+            f"export: {why}. Check out v{want} (or main after it), or export "
+            "the series of that release with --base; nothing was created"
+        )
+    if found := gitutil.checkout_version(src):
+        return f"{src} is vLLM {found[1]} ({found[2]})"
+    return f"cannot tell which vLLM release {src} is (no vX.Y.Z tag); taken as {want}"
 
 
 def project_identities(series: Series) -> set[str]:
@@ -245,12 +258,12 @@ def plan_and_commit(
     series: Series, src: Path, branches: list[str], who: tuple[str, str]
 ) -> tuple[list[Plan], list[str]]:
     """Decide each patch's base by trying, and make its commits in one
-    scratch worktree (no branch yet); the plans and each branch's head."""
+    scratch clone (no branch yet); the plans and each branch's head."""
     patches, drop = series.patches, project_identities(series)
     name, email = who
     plans: list[Plan] = []
     heads: list[str] = []
-    with gitutil.scratch_worktree(src) as scratch:
+    with gitutil.scratch_clone(src) as scratch:
         release = gitutil.git("rev-parse", "HEAD", cwd=scratch).stdout.strip()
         for index, patch in enumerate(patches):
             parent: int | None = None
@@ -272,6 +285,7 @@ def plan_and_commit(
                 gitutil.git("checkout", "--quiet", "--detach", start, cwd=scratch)
             heads.append(_commit(scratch, patch, name, email, drop))
             plans.append(Plan(patch, branches[index], parent, reason))
+        gitutil.fetch_commits(src, scratch, heads)
     return plans, heads
 
 
@@ -342,22 +356,12 @@ def export(
                 f"export: {src}: branch {name} already exists; choose another "
                 "--branch or delete it yourself (nothing was created)"
             )
-    if why := gitutil.other_release(src, series.base):
-        raise PatchsetError(f"export: {why}; nothing was created")
-    found = gitutil.checkout_version(src)
-    release = (
-        f"{src} is vLLM {' ('.join(found)})"
-        if found
-        else (
-            f"cannot tell which vLLM release {src} is; taken as {series.base.version}"
-        )
-    )
+    release = refuse_other_release(series, src)
     trees.claim_folder(out_dir, "--pr-dir", kind=KIND)
     who = exporter_identity(src, series)
     plans, heads = plan_and_commit(series, src, names, who)
     staging: Path | None = None
     exported: list[Exported] = []
-    created: list[str] = []
     made: list[Path] = []
     try:
         staging = _staging(out_dir, made)
@@ -376,33 +380,25 @@ def export(
                     plan.reason,
                 )
             )
-        for plan, head in zip(plans, heads):
-            made_ref = gitutil.git(
-                "update-ref",
-                f"refs/heads/{plan.branch}",
-                head,
-                ZERO,
-                cwd=src,
-                check=False,
+        refs = "".join(f"create refs/heads/{n} {h}\n" for n, h in zip(names, heads))
+        with gitutil.publishing(f"branches {', '.join(names)} in {src}"):
+            # One transaction: every branch, or none (and so its undoing).
+            made_refs = gitutil.git(
+                "update-ref", "--stdin", cwd=src, input=refs, check=False
             )
-            if made_ref.returncode:
-                said = (made_ref.stderr.strip().splitlines() or ["?"])[-1]
+            if made_refs.returncode:
+                said = (made_refs.stderr.strip().splitlines() or ["?"])[-1]
                 raise PatchsetError(
-                    f"export: could not create branch {plan.branch} in {src} "
-                    f"({said}); no branch and no description was left"
+                    f"export: could not create the branches in {src} ({said}); "
+                    "no branch and no description was left"
                 )
-            created.append(plan.branch)
-        _put_in_place(staging, out_dir)
+            try:
+                _put_in_place(staging, out_dir)
+            except BaseException:
+                undo = refs.replace("create ", "delete ")
+                gitutil.git("update-ref", "--stdin", cwd=src, input=undo, check=False)
+                raise
     except BaseException as exc:
-        for made_branch, head in zip(created, heads):
-            gitutil.git(
-                "update-ref",
-                "-d",
-                f"refs/heads/{made_branch}",
-                head,
-                cwd=src,
-                check=False,
-            )
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
         for folder in made:

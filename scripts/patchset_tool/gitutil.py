@@ -1,18 +1,27 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Thin wrappers over the git command line: every git the tool runs goes
-through `git` here (in the C locale), with the tool's one commit IDENTITY and
-the scratch worktrees that leave a checkout alone."""
+through `git` here (in the C locale), with the tool's one commit IDENTITY.
 
+A user's checkout is changed by one rule: the work is done in a scratch
+clone (`scratch_clone`, which writes nothing into the checkout), and its
+result is put in place at the end by `publishing`, with SIGINT, SIGTERM
+and SIGHUP held back, so an interrupt leaves the checkout as it was or
+the whole result in place (`PUBLISHED` says which)."""
+
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from .bases import Base, release_order
-from .errors import PatchsetError
+from .errors import PatchsetError, Terminated
 from .series import Patch
 
 FAILED_AT = re.compile(r"error: patch failed: (\S+):(\d+)")
@@ -37,21 +46,67 @@ def git_env(env: dict[str, str] | None = None) -> dict[str, str]:
     whatever the user's LANG/LANGUAGE: the tool reads them."""
     fixed = dict(os.environ if env is None else env)
     fixed["LC_ALL"] = "C"
+    fixed["GIT_OPTIONAL_LOCKS"] = "0"  # a read (status) never takes a lock
     fixed.pop("LANGUAGE", None)
     return fixed
 
 
+PUBLISHED: list[str] = []
+"""What `publishing` put in place in this run (for the interrupt message)."""
+_held: list[list[int]] = []
+"""While `publishing` runs: the signals it held back."""
+
+
+@contextlib.contextmanager
+def publishing(what: str) -> Iterator[None]:
+    """Run the body (the step that puts a command's result in place) with
+    SIGINT, SIGTERM and SIGHUP held back, its git in a session of its own
+    (a signal to the process group misses it too); a signal that came
+    meanwhile is raised once `what` is in place. Off the main thread
+    (the parts of `test`), where no signal is delivered, the body just runs."""
+    held: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    old = {
+        signum: signal.signal(signum, lambda signum, _: held.append(signum))
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        if main
+    }
+    _held.append(held)
+    try:
+        yield
+        PUBLISHED.append(what)
+    finally:
+        _held.remove(held)
+        for signum, handler in old.items():
+            signal.signal(signum, handler)
+    if held:
+        raise Terminated(held[0])
+
+
 def git(
-    *args: str, cwd: Path, check: bool = True, env: dict[str, str] | None = None
+    *args: str,
+    cwd: Path,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run git in `cwd` (every git the tool runs goes through here, in the
     C locale); raise a PatchsetError with git's message on failure."""
     proc = subprocess.run(
-        [git_exe(), *args], cwd=cwd, text=True, capture_output=True, env=git_env(env)
+        [git_exe(), *args],
+        cwd=cwd,
+        text=True,
+        input=input,
+        capture_output=True,
+        env=git_env(env),
+        start_new_session=bool(_held),
     )
     if check and proc.returncode:
+        full = "no space left on the device; free space and run again: " * (
+            "No space left on device" in proc.stderr
+        )
         raise PatchsetError(
-            f"git {' '.join(args)} failed in {cwd}:\n{proc.stderr.strip()}"
+            f"{full}git {' '.join(args)} failed in {cwd}:\n{proc.stderr.strip()}"
         )
     return proc
 
@@ -172,54 +227,56 @@ def require_clean_checkout(src: Path, allow_bisect: bool = False) -> str:
     return git("rev-parse", "HEAD", cwd=src).stdout.strip()
 
 
-VERSION_LINE = re.compile(r"""__version__\s*=.*?['"]([^'"]+)['"]""")
-RELEASE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(.*)$")
+DESCRIBED = re.compile(r"^v(\d+)\.(\d+)\.(\d+)(\S*?)(?:-(\d+)-g[0-9a-f]+)?$")
 
 
-def checkout_version(src: Path) -> tuple[str, str] | None:
-    """(vLLM version, where it was read) of the checkout `src`: its
-    vllm/_version.py (setuptools-scm writes it on a build), else a release
-    tag at HEAD; None when neither says."""
-    version_file = src / "vllm" / "_version.py"
-    if version_file.is_file():
-        found = VERSION_LINE.search(version_file.read_text(errors="replace"))
-        if found:
-            return found.group(1), "vllm/_version.py"
-    tags = git(
-        "tag", "--points-at", "HEAD", "--list", "v[0-9]*", cwd=src, check=False
-    ).stdout.split()
-    if tags:
-        return tags[0].removeprefix("v"), f"tag {tags[0]} at HEAD"
-    return None
+def checkout_version(src: Path) -> tuple[tuple[int, ...], str, str] | None:
+    """(release numbers, vLLM version, how git said it) of HEAD of `src`,
+    by the one rule every command follows: the `vX.Y.Z` tag `git describe`
+    finds, as setuptools-scm reads it (`0.34.0` at the tag, `0.34.1.dev12`
+    twelve commits after it; `0.35.0rc1.dev3` after `v0.35.0rc1`). An
+    untracked `vllm/_version.py` left by a build never decides it. None
+    when no release tag precedes HEAD."""
+    said = git(
+        "describe", "--tags", "--match", "v[0-9]*", "HEAD", cwd=src, check=False
+    ).stdout.strip()
+    if not (match := DESCRIBED.match(said)):
+        return None
+    numbers = tuple(int(n) for n in match.groups()[:3])
+    suffix, after = match.group(4), match.group(5)
+    if after and not suffix:
+        numbers = (*numbers[:2], numbers[2] + 1)
+    version = ".".join(map(str, numbers)) + suffix + (f".dev{after}" if after else "")
+    return numbers, version, f"git describe: {said}"
+
+
+def release_of(src: Path) -> Base | None:
+    """The newest declared base HEAD of `src` comes at or after
+    (`checkout_version`); None when it precedes them all or nothing says."""
+    found = checkout_version(src)
+    if found is None:
+        return None
+    numbers, version, _ = found
+    final = version == ".".join(map(str, numbers))
+    older = [
+        b
+        for b in release_order()
+        if b.version_key < numbers or (final and b.version_key == numbers)
+    ]
+    return older[-1] if older else None
 
 
 def other_release(src: Path, base: Base) -> str | None:
     """Why the checkout `src` is not of `base`'s release line, or None when
-    it is (or nothing says which it is). A release (`0.33.0`, `0.35.0rc1`)
-    must be `base`'s; a development version (`0.34.1.dev12+g...`, what
-    setuptools-scm writes after the tag v0.34.0) must come after `base`
-    and before any other declared base."""
+    it is (or nothing says which): a release (a tag at HEAD) must be
+    `base`'s, a development version must come after `base` and before
+    any other declared base (`release_of`)."""
     found = checkout_version(src)
-    if found is None:
-        return None
-    version, where = found
-    match = RELEASE.match(version)
-    if match is None:
-        return None
-    numbers = tuple(int(n) for n in match.groups()[:3])
-    release = ".".join(map(str, numbers))
-    dev = ".dev" in match.group(4)
-    if not dev and release == base.version:
-        return None
-    newer = [b for b in release_order() if b.version_key > base.version_key]
-    if (
-        dev
-        and numbers > base.version_key
-        and not any(b.version_key < numbers for b in newer)
-    ):
+    dev = found is not None and ".dev" in found[1]
+    if found is None or (release_of(src) == base if dev else found[1] == base.version):
         return None
     return (
-        f"{src} is vLLM {version} ({where}), not a checkout of vLLM "
+        f"{src} is vLLM {found[1]} ({found[2]}), not a checkout of vLLM "
         f"{base.version}, the release this series is for"
     )
 
@@ -239,10 +296,10 @@ def refuse_applied(src: Path, patches: list[Patch]) -> None:
 
 
 def _hunk_failure(src: Path, head: str, patches: list[Patch], failed: Patch) -> str:
-    """Re-apply the patches before `failed` in a scratch worktree and ask a
+    """Re-apply the patches before `failed` in a scratch clone and ask a
     plain `git apply --check` which file and hunk of `failed` do not apply
     (a three-way `git am` reports only the conflicting file)."""
-    with scratch_worktree(src, commit=head) as scratch:
+    with scratch_clone(src, commit=head) as scratch:
         before = patches[: patches.index(failed)]
         if before:
             git(
@@ -254,6 +311,8 @@ def _hunk_failure(src: Path, head: str, patches: list[Patch], failed: Patch) -> 
                 check=False,
             )
         check = git("apply", "--check", str(failed.path), cwd=scratch, check=False)
+        if check.returncode == 0:  # e.g. signing the commit failed
+            return f"{failed.name}: applies, but `git am` could not commit it"
         return explain_failure(failed, check.stderr)
 
 
@@ -292,51 +351,29 @@ def am_series(src: Path, patches: list[Patch]) -> None:
     )
 
 
-class scratch_worktree:
-    """A worktree of `src` at `commit` (detached, or on a new `branch`),
-    removed on exit."""
+@contextlib.contextmanager
+def scratch_clone(src: Path, commit: str = "HEAD") -> Iterator[Path]:
+    """A throw-away clone of `src` checked out at `commit`, sharing its
+    objects (`git clone --shared`) and its committer identity; nothing is
+    written into `src`, whatever happens in the clone. Removed on exit."""
+    with tempfile.TemporaryDirectory(prefix="patchset-scratch-") as tmp:
+        clone = Path(tmp) / "clone"
+        shared = ("--quiet", "--shared", "--no-checkout", str(src), str(clone))
+        git("clone", *shared, cwd=src)
+        for key in ("user.name", "user.email"):
+            value = git("config", "--get", key, cwd=src, check=False).stdout.strip()
+            if value:
+                git("config", key, value, cwd=clone)
+        sha = git("rev-parse", "--verify", f"{commit}^{{commit}}", cwd=src).stdout
+        git("checkout", "--quiet", "--detach", sha.strip(), cwd=clone)
+        yield clone
 
-    def __init__(
-        self, src: Path, branch: str | None = None, commit: str = "HEAD"
-    ) -> None:
-        self.src, self.branch, self.commit = src, branch, commit
-        self.path = Path(tempfile.mkdtemp(prefix="patchset-worktree-"))
 
-    def __enter__(self) -> Path:
-        self.path.rmdir()
-        args = ["-b", self.branch] if self.branch else ["--detach"]
-        try:
-            git(
-                "worktree",
-                "add",
-                "--quiet",
-                *args,
-                str(self.path),
-                self.commit,
-                cwd=self.src,
-            )
-        finally:
-            self.admin = self._admin_dir()
-        return self.path
-
-    def _admin_dir(self) -> Path | None:
-        """The folder in `src`'s git dir that registers this worktree (what
-        `git worktree add` wrote there), read from its `.git` file."""
-        link = self.path / ".git"
-        try:
-            text = link.read_text().strip()
-        except OSError:
-            return None
-        if not text.startswith("gitdir: "):
-            return None
-        admin = Path(text.removeprefix("gitdir: "))
-        return admin if admin.is_absolute() else (self.path / admin).resolve()
-
-    def __exit__(self, *exc: object) -> None:
-        # Only this worktree: never `git worktree prune`, which would also
-        # unregister the user's own worktrees whose folders are not there.
-        git("worktree", "remove", "--force", str(self.path), cwd=self.src, check=False)
-        shutil.rmtree(self.path, ignore_errors=True)
-        admin = getattr(self, "admin", None)
-        if admin is not None and admin.parent.name == "worktrees":
-            shutil.rmtree(admin, ignore_errors=True)
+def fetch_commits(src: Path, clone: Path, commits: list[str]) -> None:
+    """Copy `commits` (made in `clone`) into `src`'s objects; no ref of
+    `src` is written (a later `publishing` step points refs at them)."""
+    names = [f"refs/patchset-scratch/{n}" for n in range(len(commits))]
+    for name, commit in zip(names, commits):
+        git("update-ref", name, commit, cwd=clone)
+    quiet = ("--quiet", "--no-tags", "--no-write-fetch-head")
+    git("fetch", *quiet, str(clone), *names, cwd=src)

@@ -322,26 +322,35 @@ def collect(files_dir: Path, dest: Path, base_failures: set[str] | None = None) 
         )
     if not src.is_dir():
         raise PatchsetError(f"{files_dir}: no such folder")
+    kept = f"nothing collected ({dest} left as it was)"
+    if links := sorted(p.name for p in src.iterdir() if p.is_symlink()):
+        raise PatchsetError(f"{files_dir}: symbolic links ({links[0]}, ...); {kept}")
     files = sorted(p for p in src.iterdir() if p.is_file())
     junits = [p for p in files if p.name.startswith("junit") and p.suffix == ".xml"]
     if not junits and not (src / "bench.log").is_file():
         raise PatchsetError(
             f"{files_dir}: no junit*.xml and no bench.log: the run produced no "
-            f"results; nothing collected ({dest} left as it was)"
+            f"results; {kept}"
+        )
+    if not (src / "device.txt").is_file():
+        raise PatchsetError(
+            f"{files_dir}: no device.txt, which this project's GPU stage writes "
+            f"first: not its run; {kept}"
         )
     results: dict[str, dict[str, str]] = {}
     for junit in junits:
         try:
             results[junit.name] = read_outcomes(junit)
-        except ET.ParseError as exc:
+        except (ET.ParseError, ValueError) as exc:
             raise PatchsetError(
                 f"{junit}: not readable junit XML ({exc}); the run did not "
-                f"finish; nothing collected ({dest} left as it was)"
+                f"finish; {kept}"
             ) from exc
         if not results[junit.name]:
-            raise PatchsetError(
-                f"{junit}: holds no test; nothing collected ({dest} left as it was)"
-            )
+            raise PatchsetError(f"{junit}: holds no test; {kept}")
+    pair = ("junit-pristine.xml", "junit-patched.xml")
+    if sum(name in results for name in pair) == 1:
+        raise PatchsetError(f"{files_dir}: the results of one tree alone; {kept}")
     fresh = out.with_name(out.name + ".incoming")
     old = out.with_name(out.name + ".previous")
     for stale in (fresh, old):
@@ -355,10 +364,11 @@ def collect(files_dir: Path, dest: Path, base_failures: set[str] | None = None) 
     fresh.replace(out)
     if old.exists():
         shutil.rmtree(old)
+    device = (out / "device.txt").read_text(errors="replace").splitlines()
     lines = [f"collected {len(files)} file(s) into {dest}"]
+    lines.append(f"device, as the run recorded it: {(device or ['none'])[0]}")
     for name, outcomes in results.items():
         lines += _summary(Path(name), outcomes)
-    pair = ("junit-pristine.xml", "junit-patched.xml")
     if all(name in results for name in pair):
         problems = compare_trees(
             results[pair[0]], results[pair[1]], base_failures or set()

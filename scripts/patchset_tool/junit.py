@@ -12,12 +12,14 @@ def read_outcomes(xml: Path) -> dict[str, str]:
     """Each test's node id (`path/to/test_x.py::name`) to one of OUTCOMES.
 
     Raises FileNotFoundError when there is no file, ET.ParseError when it is
-    not XML.
+    not XML, ValueError when a case has no name or comes twice.
     """
     outcomes = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
         module = case.get("classname", "").replace(".", "/")
         node = f"{module}.py::{case.get('name')}"
+        if not module or not case.get("name") or node in outcomes:
+            raise ValueError(f"a test case without a name, or twice: {node}")
         tags = {child.tag for child in case}
         outcomes[node] = next(
             (o for o in ("failure", "error", "skipped") if o in tags), "passed"

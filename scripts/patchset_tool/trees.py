@@ -324,9 +324,9 @@ def _size(path: Path) -> int:
     return 0 if path.is_symlink() else path.stat().st_size
 
 
-def damage(tree: Path, full: bool = True) -> list[str]:
-    """How `tree` differs from its manifest (empty: intact). `full` hashes
-    every file; otherwise presence, size and link targets are compared."""
+def damage(tree: Path) -> list[str]:
+    """How `tree` differs from its manifest (empty: intact): every file
+    hashed, every link's target read, no file the manifest does not list."""
     try:
         text = (tree / MANIFEST).read_text(encoding="utf-8")
     except OSError:
@@ -347,12 +347,9 @@ def damage(tree: Path, full: bool = True) -> list[str]:
         elif fingerprint.startswith("link:") or path.is_symlink():
             if _fingerprint(path) != fingerprint:
                 problems.append(f"{rel}: link changed")
-        elif _size(path) != int(size) or (full and _fingerprint(path) != fingerprint):
+        elif _size(path) != int(size) or _fingerprint(path) != fingerprint:
             problems.append(f"{rel}: changed")
-    if full:
-        problems += [
-            f"{rel}: not in the manifest"
-            for rel, _ in _entries(tree)
-            if rel not in listed
-        ]
+    problems += [
+        f"{rel}: not in the manifest" for rel, _ in _entries(tree) if rel not in listed
+    ]
     return problems

@@ -102,14 +102,12 @@ def _refuse_dest(dest: Path) -> None:
     trees.refuse_foreign(dest, "--dest")
 
 
-def _clone_release(dest: Path, base: Base) -> Path:
-    """A staging clone of the release history on a branch at `base`'s
+def _clone_release(dest: Path, base: Base, staging: Path) -> Path:
+    """A clone at `staging` of the release history on a branch at `base`'s
     tag, tagged `patchset-base`; the caller renames it to `dest` (absent
     or empty) while holding its lock."""
     _refuse_dest(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
     trees.remove_stale(dest)  # only the marked staging folders a killed run left
-    staging = trees.make_staging(dest) / "tree"
     git(
         "clone",
         "--quiet",
@@ -162,15 +160,13 @@ def create(dest: Path, base: Base) -> tuple[int, bool]:
             ) from None
         return len(patches), True
     _refuse_dest(dest)
-    with trees.locked(dest):
-        staging = _clone_release(dest, base)
-        try:
-            _prove_source_is_the_wheel(staging, series)
-            gitutil.am_series(staging, patches)
-            _stamp_series(staging, series)
+    with trees.locked(dest), trees.staging(dest) as work:
+        staging = _clone_release(dest, base, work / "tree")
+        _prove_source_is_the_wheel(staging, series)
+        gitutil.am_series(staging, patches)
+        _stamp_series(staging, series)
+        with gitutil.publishing(f"the work tree {dest}"):
             staging.rename(dest)
-        finally:
-            shutil.rmtree(staging.parent, ignore_errors=True)
     return len(patches), False
 
 
@@ -189,16 +185,13 @@ def rebase(source: Base, onto: Base, dest: Path) -> list[str]:
         )
     branch = f"glm5next-{onto.version}"
     _refuse_dest(dest)
-    with trees.locked(dest):
-        staging = _clone_release(dest, onto)
-        try:
-            git("checkout", "--quiet", "--detach", source.tag, cwd=staging)
-            gitutil.am_series(staging, patches)
-            git("branch", "--force", branch, "HEAD", cwd=staging)
-            git("checkout", "--quiet", branch, cwd=staging)
-            staging.rename(dest)
-        finally:
-            shutil.rmtree(staging.parent, ignore_errors=True)
+    with trees.locked(dest), trees.staging(dest) as work:
+        staging = _clone_release(dest, onto, work / "tree")
+        git("checkout", "--quiet", "--detach", source.tag, cwd=staging)
+        gitutil.am_series(staging, patches)
+        git("branch", "--force", branch, "HEAD", cwd=staging)
+        git("checkout", "--quiet", branch, cwd=staging)
+        staging.rename(dest)
     proc = git(
         *IDENTITY, "rebase", "--onto", onto.tag, source.tag, cwd=dest, check=False
     )
@@ -493,7 +486,8 @@ def refresh(number: int, work: Path, base: Base) -> list[str]:
             writes[base.series_file] = (staging / "series").read_bytes()
         writes.update(overlay)
     changed = [n for n in names if base.patches / n in writes]
-    _replace_all(writes, lambda: _move_work(work, head))
+    with gitutil.publishing(f"the refreshed series (and {work}'s commits)"):
+        _replace_all(writes, lambda: _move_work(work, head))
     if is_own_worktree(work):
         _stamp_series(work, Series.load(base))
     _note_strays(base, fresh_series)

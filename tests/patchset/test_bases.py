@@ -18,7 +18,7 @@ from projectkit import (
     write_tree,
 )
 
-from patchset_tool import bases, bisect
+from patchset_tool import bases, gitutil
 
 OLD, NEW = "1.0.0", "1.1.0"
 MOD = "vllm/models/glm5next/mod.py"
@@ -273,24 +273,6 @@ def declared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bases, "DECLARATION", toml)
 
 
-def test_release_of_reads_the_checkouts_version(declared: None, tmp_path: Path) -> None:
-    src = tmp_path / "vllm"
-    write_tree(
-        src,
-        {
-            "vllm/_version.py": "__version__: str\n"
-            "__version__ = version = '0.33.0'\n"
-            "__version_tuple__ = version_tuple = (0, 33, 0)\n"
-        },
-    )
-    git("init", "--quiet", cwd=src)
-    git("add", "--all", cwd=src)
-    git("commit", "--quiet", "-m", "0.33.0", cwd=src)
-    git("tag", "v0.34.0", cwd=src)  # the version file wins over the tags
-    release = bisect.release_of(src)
-    assert release is not None and release.version == "0.33.0"
-
-
 def test_release_of_falls_back_to_the_newest_tagged_ancestor(
     declared: None, tmp_path: Path
 ) -> None:
@@ -300,9 +282,9 @@ def test_release_of_falls_back_to_the_newest_tagged_ancestor(
     git("commit", "--quiet", "-m", "0.33.0", cwd=src)
     git("tag", "v0.33.0", cwd=src)
     git("commit", "--quiet", "--allow-empty", "-m", "main after 0.33.0", cwd=src)
-    release = bisect.release_of(src)
+    release = gitutil.release_of(src)
     assert release is not None and release.version == "0.33.0"
     git("tag", "v0.34.0", cwd=src)
     git("commit", "--quiet", "--allow-empty", "-m", "main after 0.34.0", cwd=src)
-    release = bisect.release_of(src)
+    release = gitutil.release_of(src)
     assert release is not None and release.version == "0.34.0"

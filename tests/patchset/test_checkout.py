@@ -2,7 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The maintainer's uses: a vLLM git checkout, refresh and bisect."""
 
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,6 +103,41 @@ def test_dirty_checkout_is_refused(project: Project, checkout: Path) -> None:
     assert (checkout / INIT).read_text() == "# local edit\n"
 
 
+def test_a_failed_signing_is_not_a_patch_that_does_not_apply(
+    project: Project, checkout: Path
+) -> None:
+    env = {**project.env, "GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "gpg.program"}
+    env.update(GIT_CONFIG_VALUE_0="false", GIT_CONFIG_KEY_1="commit.gpgSign")
+    env.update(GIT_CONFIG_VALUE_1="true")
+    before = state(checkout)
+    result = project.patchset("apply", "--vllm-src", str(checkout), env=env)
+    assert result.returncode == 1
+    assert "applies, but `git am` could not commit it" in result.stderr
+    assert "does not apply" not in result.stderr and "gpg" in result.stderr
+    assert state(checkout) == before
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+def test_a_full_temporary_disk_is_said_first(
+    project: Project, checkout: Path, tmp_path: Path
+) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    script = (
+        f"mount -t tmpfs -o size=8k tmpfs {small} && TMPDIR={small} "
+        f"{sys.executable} scripts/patchset apply --check --vllm-src {checkout}"
+    )
+    result = subprocess.run(
+        ["unshare", "--map-root-user", "--mount", "sh", "-c", script],
+        cwd=project.root,
+        env=project.env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("patchset: error: no space left on the device")
+
+
 def test_refresh_regenerates_patch_and_overlay(project: Project, work: Path) -> None:
     patch = sorted(project.patches().glob("0001-*.patch"))[0]
     header = patch.read_text().split("\n---\n")[0]
@@ -131,8 +168,8 @@ def test_refresh_conflict_keeps_the_edits(project: Project, work: Path) -> None:
 
 @pytest.mark.parametrize(
     "case, expected",
-    [("good", 0), ("test-fails", 1), ("does-not-apply", 125)],
-    ids=["good", "test-fails", "does-not-apply"],
+    [("good", 0), ("test-fails", 1), ("does-not-apply", 125), ("all-skip", 125)],
+    ids=["good", "test-fails", "does-not-apply", "all-skip"],
 )
 def test_bisect_run_verdicts(
     project: Project, work: Path, case: str, expected: int
@@ -141,6 +178,10 @@ def test_bisect_run_verdicts(
     if case == "test-fails":
         for patch in project.patches().glob("0001-*.patch"):
             patch.write_text(patch.read_text().replace("ANSWER == 42", "ANSWER == 41"))
+    if case == "all-skip":
+        for patch in project.patches().glob("0001-*.patch"):
+            skip = "__import__('pytest').skip('no GPU')"
+            patch.write_text(patch.read_text().replace("assert ANSWER == 42", skip))
     if case == "does-not-apply":
         (work / KDA).write_text("# upstream rewrote this file\n")
         git("commit", "--quiet", "-am", "rewrite kda", cwd=work)

@@ -323,6 +323,21 @@ def test_a_description_failing_the_check_is_not_exported(
     assert_nothing_made(checkout, before, project)
 
 
+@pytest.mark.parametrize("kind", ["huge", "endless"])
+def test_check_of_a_huge_or_endless_file_is_one_line(
+    project: Project, env: dict[str, str], tmp_path: Path, kind: str
+) -> None:
+    target = tmp_path / "description.md"
+    if kind == "huge":
+        with open(target, "wb") as handle:
+            handle.truncate(2 << 20)
+    else:
+        os.mkfifo(target)  # no writer: a read would wait forever
+    result = export(project, env, "--check", str(target))
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "cannot read it" in result.stderr
+
+
 # ---------------------------------------------------- harms (issue 27)
 
 
@@ -372,7 +387,7 @@ def test_a_failure_after_the_first_branch_leaves_no_branch(
         str(out),
     )
     assert result.returncode == 1
-    assert "could not create branch x/y" in result.stderr
+    assert "could not create the branches" in result.stderr and "x/y" in result.stderr
     assert "Traceback" not in result.stderr
     assert state(checkout) == before
     assert not out.exists()
@@ -441,23 +456,15 @@ def test_a_build_folder_linked_into_site_packages_is_refused(
     assert state(checkout) == before
 
 
-@pytest.mark.parametrize("how", ["tag", "version-file"])
 def test_a_checkout_of_another_release_is_refused_and_named(
-    project: Project, checkout: Path, env: dict[str, str], how: str
+    project: Project, checkout: Path, env: dict[str, str]
 ) -> None:
-    if how == "tag":
-        git("tag", "v0.1.0", cwd=checkout)
-    else:
-        (checkout / "vllm" / "_version.py").write_text(
-            "__version__ = version = '0.1.0'\n"
-        )
-        git("add", "--force", "vllm/_version.py", cwd=checkout)
-        git("commit", "--quiet", "-m", "version", cwd=checkout)
+    git("tag", "v0.1.0", cwd=checkout)
     before = state(checkout)
     result = export(project, env, "--vllm-src", str(checkout))
     assert result.returncode == 1
-    assert "is vLLM 0.1.0 (" in result.stderr
-    assert f"not a checkout of vLLM {project.version}, the release" in result.stderr
+    assert "is vLLM 0.1.0 (git describe: v0.1.0)" in result.stderr
+    assert f"checkout of vLLM {project.version}, the release" in result.stderr
     assert_nothing_made(checkout, before, project)
 
 
@@ -467,7 +474,7 @@ def test_the_release_tag_of_the_base_is_accepted(
     git("tag", f"v{project.version}", cwd=checkout)
     result = export(project, env, "--vllm-src", str(checkout))
     assert result.returncode == 0, result.stderr
-    assert f"is vLLM {project.version} (tag v{project.version} at HEAD)" in (
+    assert f"is vLLM {project.version} (git describe: v{project.version})" in (
         result.stdout
     )
 

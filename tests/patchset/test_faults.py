@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from projectkit import REPO, Project
+from projectkit import PROBE, REPO, Project
 
 from patchset_tool import cli, trees
 
@@ -44,12 +44,13 @@ def assert_one_error(result: subprocess.CompletedProcess[str], code: int = 1) ->
     [
         (["capacity", "--pristine", "--tp", "0"], "--tp: 0 is not above 0"),
         (["capacity", "--pristine", "--budget-gib", "-5"], "--budget-gib: -5"),
+        (["capacity", "--pristine", "--budget-gib", "inf"], "inf is not finite"),
         (
             ["coverage", "--pristine", "--config", "/nonexistent.json"],
             "/nonexistent.json: No such file",
         ),
     ],
-    ids=["tp-0", "budget-negative", "config-missing"],
+    ids=["tp-0", "budget-negative", "budget-inf", "config-missing"],
 )
 def test_report_arguments_are_checked_in_the_parser(
     argv: list[str], words: str
@@ -117,6 +118,19 @@ def test_a_damaged_manifest_is_rebuilt(project: Project, series: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "already up to date" not in result.stdout
     assert trees.damage(project.patched) == []
+
+
+def test_run_rebuilds_a_tree_with_a_file_edited_to_the_same_size(
+    project: Project, series: Path
+) -> None:
+    assert project.patchset("apply").returncode == 0
+    edited = project.patched / PROBE
+    good = edited.read_bytes()
+    edited.write_bytes(good.replace(b"42", b"24"))
+    result = project.patchset("run", "--", "python", "-c", "")
+    assert result.returncode == 0, result.stderr
+    assert "missing or stale; applying the series" in result.stderr
+    assert edited.read_bytes() == good
 
 
 # --- D7, D11, D12: arguments checked first; messages; help ----------------------

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -217,7 +218,7 @@ def test_refresh_next_needs_a_commit_then_makes_it_a_patch(
     assert (project.overlay() / INIT).read_text().endswith("# folded too\n")
 
 
-def test_scratch_worktree_keeps_the_users_other_worktrees(
+def test_apply_check_keeps_the_users_other_worktrees(
     project: Project,
     checkout: Path,  # noqa: F811
     tmp_path: Path,
@@ -249,43 +250,68 @@ def test_worktree_dest_relative_with_a_folder(
 
 
 @pytest.mark.parametrize(
-    "version, base, refused",
+    "tag, after, base, version",
     [
-        ("0.34.0", "0.34.0", False),
-        ("0.34.1.dev12+g62d4bc3c7", "0.34.0", False),
-        ("0.33.0", "0.34.0", True),
-        ("0.35.0rc1", "0.34.0", True),
-        ("0.33.1.dev3+gabc", "0.34.0", True),
-        ("0.34.1.dev3+gabc", "0.33.0", True),
+        ("v0.34.0", 0, "0.34.0", None),
+        ("v0.34.0", 12, "0.34.0", None),
+        ("v0.33.0", 0, "0.34.0", "0.33.0"),
+        ("v0.35.0rc1", 0, "0.34.0", "0.35.0rc1"),
+        ("v0.33.0", 3, "0.34.0", "0.33.1.dev3"),
+        ("v0.34.0", 3, "0.33.0", "0.34.1.dev3"),
     ],
 )
 def test_a_checkout_of_another_release_is_named(
-    tiny: Path, version: str, base: str, refused: bool
+    tiny: Path, tag: str, after: int, base: str, version: str | None
 ) -> None:
     from patchset_tool import bases
 
-    (tiny / "vllm").mkdir()
-    (tiny / "vllm" / "_version.py").write_text(f"__version__ = version = '{version}'\n")
+    git("tag", tag, cwd=tiny)
+    for n in range(after):
+        git("commit", "--quiet", "--allow-empty", "-m", f"{n}", cwd=tiny)
     why = gitutil.other_release(tiny, bases.get_base(base))
-    assert (why is not None) == refused, why
-    if refused:
-        assert f"is vLLM {version} (vllm/_version.py)" in str(why)
+    assert (why is None) == (version is None), why
+    if version:
+        assert f"is vLLM {version} (git describe: {tag}" in str(why)
+
+
+def test_a_stray_version_file_never_decides_the_release(tiny: Path) -> None:
+    """An untracked vllm/_version.py left by a build of another commit:
+    apply, export and bisect-run all go by the tag."""
+    from patchset_tool import bases
+
+    git("tag", "v0.34.0", cwd=tiny)
+    (tiny / "vllm").mkdir()
+    (tiny / "vllm" / "_version.py").write_text("__version__ = version = '0.33.0'\n")
+    assert gitutil.other_release(tiny, bases.get_base("0.34.0")) is None
+    assert gitutil.other_release(tiny, bases.get_base("0.33.0")) is not None
+    release = gitutil.release_of(tiny)
+    assert release is not None and release.version == "0.34.0"
 
 
 def test_apply_refuses_a_checkout_of_another_release(
     project: Project,
     checkout: Path,  # noqa: F811
 ) -> None:
-    (checkout / "vllm" / "_version.py").write_text("__version__ = '0.1.0'\n")
-    git("add", "--all", cwd=checkout)
-    git("commit", "--quiet", "-m", "an old release", cwd=checkout)
+    git("tag", "v0.1.0", cwd=checkout)
     before = git("rev-parse", "HEAD", cwd=checkout)
     result = project.patchset("apply", "--vllm-src", str(checkout))
     assert result.returncode == 1
-    assert "is vLLM 0.1.0 (vllm/_version.py)" in result.stderr
+    assert "is vLLM 0.1.0 (git describe: v0.1.0)" in result.stderr
     assert git("rev-parse", "HEAD", cwd=checkout) == before
     forced = project.patchset(
         "apply", "--check", "--other-release", "--vllm-src", str(checkout)
     )
     assert forced.returncode == 0, forced.stderr
     assert "--other-release" in forced.stdout
+
+
+def test_a_result_is_published_from_a_worker_thread(tmp_path: Path) -> None:
+    """`test` applies the series to release checkouts from its worker
+    threads, where Python refuses to set a signal handler."""
+
+    def publish() -> int:
+        with gitutil.publishing("nothing"):
+            return gitutil.git("--version", cwd=tmp_path).returncode
+
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(publish).result() == 0

@@ -17,6 +17,7 @@ import os
 import struct
 import subprocess
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,7 @@ UP = "tests/models/glm5next/test_kda_recurrent.py::test_up"
 def test_collect_compares_trees_and_replaces_the_results_whole(tmp_path: Path) -> None:
     run = tmp_path / "out"
     run.mkdir()
+    (run / "device.txt").write_text("NVIDIA H100 80GB HBM3, 550.54\n")
     junit(run / "junit-pristine.xml", {FIX: "failed", UP: "passed"})
     junit(run / "junit-patched.xml", {FIX: "passed", UP: "passed"})
     dest = tmp_path / "results"
@@ -192,6 +194,7 @@ def test_collect_compares_trees_and_replaces_the_results_whole(tmp_path: Path) -
     (dest / "junit.xml").write_text("<old run/>")
     report = gpu.collect(run, dest, {FIX})
     assert "departures" not in report and "1 passed, 1 failed" in report
+    assert "as the run recorded it: NVIDIA H100 80GB HBM3" in report
     assert not (dest / "junit.xml").exists(), "no file of the previous run stays"
     junit(run / "junit-patched.xml", {FIX: "passed", UP: "failed"})
     report = gpu.collect(run, dest, {FIX})
@@ -268,3 +271,48 @@ def test_stage_builds_fits_and_imports_on_the_device_stack(tmp_path: Path) -> No
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         assert "OK 0.34.0" in done.stdout
+
+
+def a_run(tmp_path: Path, name: str) -> Path:
+    run = tmp_path / name
+    run.mkdir()
+    (run / "device.txt").write_text("NVIDIA H200, 550.54\n")
+    junit(run / "junit-pristine.xml", {FIX: "failed", UP: "passed"})
+    junit(run / "junit-patched.xml", {FIX: "passed", UP: "passed"})
+    return run
+
+
+@pytest.mark.parametrize(
+    "spoil, words",
+    [
+        (lambda run: (run / "junit-pristine.xml").unlink(), "one tree alone"),
+        (lambda run: (run / "device.txt").unlink(), "not its run"),
+        (
+            lambda run: (run / "junit-patched.xml").write_text(
+                '<testsuite><testcase classname="tests.t" name="a"/>'
+                '<testcase classname="tests.t" name="a"/></testsuite>'
+            ),
+            "twice",
+        ),
+        (
+            lambda run: (run / "junit-patched.xml").write_text(
+                '<testsuite><testcase classname="tests.t"/></testsuite>'
+            ),
+            "without a name",
+        ),
+        (
+            lambda run: (run / "bench.log").symlink_to("/etc/hostname"),
+            "symbolic links",
+        ),
+    ],
+    ids=["one-tree", "not-ours", "duplicate-case", "nameless-case", "symlink-out"],
+)
+def test_collect_refuses_a_run_it_cannot_judge(
+    tmp_path: Path, spoil: Callable[[Path], object], words: str
+) -> None:
+    run = a_run(tmp_path, "out")
+    spoil(run)
+    dest = tmp_path / "results"
+    with pytest.raises(PatchsetError, match=words):
+        gpu.collect(run, dest)
+    assert not dest.exists()

@@ -124,3 +124,18 @@ def test_runs_as_a_module_without_the_suite_on_sys_path() -> None:
             check=True,
         )
         assert done.stdout.startswith(f"usage: patchset {name} ")
+
+
+def test_options_vllm_refuses_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """The checks vLLM makes of the options (an unknown --quantization, a --tp
+    the heads do not divide, a long --max-model-len) raise a ValueError."""
+    refused = stand_in("coverage", 45)
+
+    def measure(args: argparse.Namespace) -> dict:
+        raise ValueError("1 validation error for ModelConfig\n  Value error, no\n")
+
+    refused.measure = measure
+    assert main(["coverage"], {"coverage": refused}) == 2
+    assert capsys.readouterr().err == (
+        "patchset coverage: error: 1 validation error for ModelConfig Value error, no\n"
+    )

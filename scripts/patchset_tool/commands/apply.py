@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
 def to_checkout(
     series: Series, src: Path, check: bool, other_release: bool = False
 ) -> int:
-    """`git am -3` the series onto `src` (`check`: in a scratch worktree),
-    then run the checkout's own tethering hook on the tests it adds."""
+    """`git am -3` the series onto `src` (via a scratch clone; `check`:
+    there alone), then run the checkout's tethering hook on the tests it adds."""
     count, seconds = apply.apply_to_checkout(series, src, check, other_release)
     verb = "would apply" if check else "applied"
     print(

@@ -21,11 +21,12 @@ from .options import Subparsers, chosen_base, command_parser, path_option
 
 HELP = "for `git bisect run`: 0 good, 1 bad; 125 skip; 255 aborts the bisect"
 DESCRIPTION = (
-    "Apply the series at HEAD of the checkout (in a scratch worktree) and run "
+    "Apply the series at HEAD of the checkout (in a scratch clone) and run "
     "its tests there. Exit codes, as `git bisect run` reads them: 0 the tests "
     "pass, 1 they fail (the only verdicts); 125 this commit cannot be judged "
     "(the series does not apply, vLLM does not import, no declared release "
-    "precedes it, pytest could not run the tests): skip it; 255 (or 128+N "
+    "precedes it, pytest ran no test: an error, all skipped, none selected): "
+    "skip it; 255 (or 128+N "
     "after signal N, 130 after Ctrl-C) nothing can be judged (a mistyped "
     "option or path, a dirty checkout or one in the middle of another git "
     "operation, a failed environment set-up, a tool error): the bisect stops."

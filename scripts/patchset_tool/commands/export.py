@@ -14,6 +14,8 @@ from ..series import Series
 from .options import Subparsers, chosen_base, command_parser, path_option
 
 HELP = "one branch per patch, signed off by you, each with its PR description"
+LIMIT = 1 << 20
+"""The most bytes of a description `--check` reads (one is a few KiB)."""
 
 
 def register(subparsers: Subparsers) -> None:
@@ -86,7 +88,13 @@ def records(base: Base, src: Path | None) -> prdesc.Records:
 
 def read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        if not path.is_file():  # a pipe or a device may never end
+            raise OSError("not a regular file")
+        with open(path, "rb") as handle:
+            data = handle.read(LIMIT + 1)
+        if len(data) > LIMIT:
+            raise OSError(f"over {LIMIT >> 20} MiB, not a description")
+        return data.decode()
     except (OSError, UnicodeDecodeError) as exc:
         raise PatchsetError(f"export: {path}: cannot read it ({exc})") from None
 

@@ -112,7 +112,12 @@ def main(argv: list[str] | None = None, reports: Mapping[str, Report] = REPORTS)
         args = parser.parse_args(case)
         report = reports[args.report]
         start = time.monotonic()
-        result = report.measure(args)
+        try:
+            result = report.measure(args)
+        except (ValueError, TypeError) as exc:  # vLLM's own checks of them
+            why = " ".join(str(exc).split())[:300]
+            print(f"patchset {args.report}: error: {why}", file=sys.stderr)
+            return 2
         seconds = time.monotonic() - start
         if args.json or cases is not None:
             print(json.dumps({**result, "seconds": round(seconds, 1)}), flush=True)

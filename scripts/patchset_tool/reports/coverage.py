@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import tempfile
 from collections import Counter
@@ -278,6 +279,8 @@ def positive(convert: type[int] | type[float]) -> Any:
             raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
         if not value > 0:
             raise argparse.ArgumentTypeError(f"{text[:40]} is not above 0")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text[:40]} is not finite")
         return value
 
     parse.__name__ = convert.__name__
