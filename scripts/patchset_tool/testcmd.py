@@ -1,27 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""`patchset test`: the project's whole test command.
-
-Parts: the offline check of every base; the tool's own tests (over the
-cores, with pytest-xdist); for each base, the model tests on its pristine
-release source, which must fail exactly as
-`patches/<version>/expected-base-failures.txt` lists (proving each fix is
-red without the series), and on the patched source, which must all pass.
-Both run as upstream CI runs them: `pytest -v -s models/glm5next` from the
-checkout's `tests/` with upstream's conftest, beside upstream's own glm5next
-tests. Only the tests in `expected-skips.txt` (which need a GPU) may skip,
-and only those in `expected-cpu-failures.txt` (upstream's own, failing on a
-CPU-only host with or without the series) may fail on both. For each base,
-upstream's neighbouring test files (ci/upstream_neighbours.txt, see
-neighbours.py) must have the same outcome pristine and patched, and this
-project's verification suite (tests/models/glm5next), whose selection matrix
-compares the pristine and the patched tree in one run, must pass. Then the lint,
-upstream's own tethering and SPDX checks over this repository, and per base
-the upstream gates on the release source.
-
-The parts are independent processes; up to `jobs` of them run side by side
-(the longest first), each writing its output to build/test-logs/. The
-summary table ends the run, with the tail of each failed part's log.
+"""`patchset test`: the project's whole test command, its parts as the
+README's table lists them. They are independent processes, up to `jobs` side
+by side (the longest first), each logging to build/test-logs/; the summary
+table ends the run, with the tail of each failed part's log.
 """
 
 import os
