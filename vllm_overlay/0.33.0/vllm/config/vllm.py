@@ -1514,7 +1514,8 @@ class VllmConfig:
         A sparse MLA target layer writes the layout its backend stores (such
         as fp8_ds_mla) into the cache config it shares with the drafter, which
         is built after it. Other attention cannot store that layout; MLA
-        drafters (MTP, DeepSeek DSpark) keep sharing it.
+        drafters (MTP, DeepSeek DSpark) keep sharing it, and a drafter without
+        a model of its own (n-gram) has the target's, MLA, config.
         """
         from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
@@ -1522,7 +1523,6 @@ class VllmConfig:
         if (
             spec is None
             or spec.kv_cache_dtype is not None
-            or not spec.uses_draft_kv_cache()
             or spec.draft_model_config.use_mla
             or getattr(self.model_config.hf_text_config, "index_topk", None) is None
             or not is_quantized_kv_cache(self.cache_config.cache_dtype)

@@ -45,7 +45,8 @@ class _NoGpuImpl:
 
 @pytest.fixture
 def glm_mla_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Builds GLM-5.3-Flash's MLA attention (head size 512, no RoPE) through
+    """Builds GLM-5.3-Flash's MLA attention (head size 512, no RoPE; 576 with
+    `qk_rope_head_dim=64`, as DeepSeek-V3.2's) through
     vLLM's selection on an SM90 GPU with the given engine arguments; returns
     the layer and its warnings about fp8_ds_mla rows. Only the backends' GPU
     kernels are left out."""
@@ -78,7 +79,7 @@ def glm_mla_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
     monkeypatch.setattr(mla_attention.logger, "warning_once", warning_once)
 
-    def build(**engine_args):
+    def build(qk_rope_head_dim=0, **engine_args):
         args = EngineArgs(
             str(tmp_path),
             load_format="dummy",
@@ -97,7 +98,7 @@ def glm_mla_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
                 num_heads=64,
                 scale=1.0,
                 qk_nope_head_dim=256,
-                qk_rope_head_dim=0,
+                qk_rope_head_dim=qk_rope_head_dim,
                 v_head_dim=256,
                 q_lora_rank=1536,
                 kv_lora_rank=512,
@@ -136,3 +137,10 @@ def test_flashinfer_backend_keeps_per_tensor_fp8_rows(glm_mla_layer):
     )
     assert layer.attn_backend.get_name() == "FLASHINFER_MLA_SPARSE_SM90"
     assert (layer.kv_cache_dtype, warnings) == ("fp8", [])
+
+
+def test_fp8_at_head_size_576_has_no_nope_warning(glm_mla_layer):
+    """DeepSeek-V3.2's 576-wide latent stored fp8 as fp8_ds_mla before."""
+    layer, warnings = glm_mla_layer(qk_rope_head_dim=64, kv_cache_dtype="fp8")
+    assert layer.attn_backend.get_name() == "FLASHMLA_SPARSE"
+    assert (layer.kv_cache_dtype, warnings) == ("fp8_ds_mla", [])
