@@ -69,7 +69,6 @@ MUTATIONS: dict[int, tuple[str, str, str]] = {
     12: (MLA, "and self.head_size == 512\n            ):", "and True\n            ):"),
     13: (CONFIG, "        self._keep_draft_kv_cache_dtype()\n", ""),
     14: (CONFIG, "            or spec.kv_cache_dtype is not None\n", ""),
-    15: (CONFIG, "            or not spec.uses_draft_kv_cache()\n", ""),
     16: (CONFIG, "            or spec.draft_model_config.use_mla\n", ""),
     17: (CONFIG, '"index_topk", None) is None', '"index_topk", None) is False'),
     18: (
