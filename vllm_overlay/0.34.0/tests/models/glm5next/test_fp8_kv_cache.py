@@ -57,17 +57,22 @@ def glm_mla_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from vllm.platforms.interface import DeviceCapability
     from vllm.v1.attention.selector import _cached_get_attn_backend
 
-    class Sm90Platform(CudaPlatform):
+    capability = DeviceCapability(9, 0)
+
+    class CudaGpu(CudaPlatform):
         @classmethod
         def get_device_capability(cls, device_id=0):
-            return DeviceCapability(9, 0)
+            return capability
 
-    monkeypatch.setattr(vllm.platforms, "_current_platform", Sm90Platform())
-    _cached_get_attn_backend.cache_clear()
+    monkeypatch.setattr(vllm.platforms, "_current_platform", CudaGpu())
 
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    for backend in ("FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE_SM90"):
+    for backend in (
+        "FLASHMLA_SPARSE",
+        "FLASHINFER_MLA_SPARSE_SM90",
+        "FLASHINFER_MLA_SPARSE_SM120",
+    ):
         backend_cls = AttentionBackendEnum[backend].get_class()
         monkeypatch.setattr(backend_cls, "get_impl_cls", lambda: _NoGpuImpl)
     (tmp_path / "config.json").write_text(json.dumps(GLM5_FLASH))
@@ -79,7 +84,10 @@ def glm_mla_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
     monkeypatch.setattr(mla_attention.logger, "warning_once", warning_once)
 
-    def build(qk_rope_head_dim=0, **engine_args):
+    def build(qk_rope_head_dim=0, sm=90, **engine_args):
+        nonlocal capability
+        capability = DeviceCapability(sm // 10, sm % 10)
+        _cached_get_attn_backend.cache_clear()
         args = EngineArgs(
             str(tmp_path),
             load_format="dummy",
@@ -143,4 +151,11 @@ def test_fp8_at_head_size_576_has_no_nope_warning(glm_mla_layer):
     """DeepSeek-V3.2's 576-wide latent stored fp8 as fp8_ds_mla before."""
     layer, warnings = glm_mla_layer(qk_rope_head_dim=64, kv_cache_dtype="fp8")
     assert layer.attn_backend.get_name() == "FLASHMLA_SPARSE"
+    assert (layer.kv_cache_dtype, warnings) == ("fp8_ds_mla", [])
+
+
+def test_fp8_on_sm120_has_no_hopper_warning(glm_mla_layer):
+    """SM120's sparse backend stored fp8 as fp8_ds_mla before."""
+    layer, warnings = glm_mla_layer(sm=120, kv_cache_dtype="fp8")
+    assert layer.attn_backend.get_name() == "FLASHINFER_MLA_SPARSE_SM120"
     assert (layer.kv_cache_dtype, warnings) == ("fp8_ds_mla", [])
