@@ -110,7 +110,8 @@ def bisect_run(series: Series, src: Path, pytest_args: list[str]) -> int:
             )
             return SKIP
         # The test files the series adds, run as upstream CI runs them:
-        # from tests/, with upstream's tests/conftest.py loaded.
+        # from tests/, with upstream's tests/conftest.py loaded, and with
+        # what this CPU host lacks that a GPU runner has (the suite's plugin).
         tests = [
             str(Path(t).relative_to("tests"))
             for t in series.test_files
@@ -123,6 +124,7 @@ def bisect_run(series: Series, src: Path, pytest_args: list[str]) -> int:
             "-q",
             "-p",
             "no:cacheprovider",
+            *sourcetree.cpu_host_plugin(env),
             *tests,
             *pytest_args,
         ]

@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import gitutil, runner, upstream
+from . import gitutil, paths, runner, upstream
 from .bases import Base
 from .distinfo import default_install
 from .series import Series
@@ -96,3 +96,12 @@ def checkout_env(
     env["VLLM_CACHE_ROOT"] = runner.vllm_cache_root(f"{base.version}-{tree}")
     env["PYTHONPATH"] = os.pathsep.join([str(checkout), env["PYTHONPATH"]])
     return env
+
+
+def cpu_host_plugin(env: dict[str, str]) -> list[str]:
+    """The pytest options that load `glm5next_cpu_host`, the verification
+    suite's plugin for what this CPU host lacks that upstream's GPU runners
+    have; it puts the suite on `env`'s PYTHONPATH."""
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([*path, str(paths.SUITE)])
+    return ["-p", "glm5next_cpu_host"]

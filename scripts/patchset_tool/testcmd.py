@@ -9,9 +9,11 @@ release source, which must fail exactly as
 red without the series), and on the patched source, which must all pass.
 Both run as upstream CI runs them: `pytest -v -s models/glm5next` from the
 checkout's `tests/` with upstream's conftest, beside upstream's own glm5next
-tests. Only the tests in `expected-skips.txt` (which need a GPU) may skip,
-and only those in `expected-cpu-failures.txt` (upstream's own, failing on a
-CPU-only host with or without the series) may fail on both. For each base,
+tests, and with the `glm5next_cpu_host` plugin (what this CPU host lacks
+that upstream's GPU runners have). Only the tests in `expected-skips.txt`
+(which need a GPU) may skip, and only those in `expected-cpu-failures.txt`
+(upstream's own, failing on a CPU-only host with or without the series) may
+fail on both. For each base,
 upstream's neighbouring test files (ci/upstream_neighbours.txt, see
 neighbours.py) must have the same outcome pristine and patched, and this
 project's verification suite (tests/models/glm5next), whose selection matrix
@@ -178,14 +180,15 @@ def _checkout_tests(
     plugin_env: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Run `files` with pytest from tests/ of `base`'s release checkout, as
-    upstream CI runs them; `plugin_env` loads the emulated-SM90 plugin."""
+    upstream CI runs them, on this CPU host (`glm5next_cpu_host`);
+    `plugin_env` loads the emulated-SM90 plugin too."""
     command = [str(python), "-m", "pytest", "-v", "-s", "-p", "no:cacheprovider"]
     tree = "checkout-patched" if patched else "checkout-pristine"
     with sourcetree.checkout_for_tests(base, patched) as checkout:
         env = sourcetree.checkout_env(python, base, checkout, tree)
+        command += sourcetree.cpu_host_plugin(env)
         if plugin_env is not None:
             command += ["-p", "glm5next_sm90_host"]
-            env["PYTHONPATH"] += os.pathsep + str(paths.SUITE)
             env |= plugin_env
         return _pytest(part, [*command, *files], checkout / "tests", env)
 
