@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from projectkit import REPO
 
-from patchset_tool import envmgr, trees, wheel
+from patchset_tool import envmgr, sourcetree, trees, wheel
 from patchset_tool.bases import Base, load_bases
 from patchset_tool.digests import record_digest, record_hash
 from patchset_tool.distinfo import find_vllm
@@ -215,12 +215,13 @@ def smoke_tests(base: Base) -> list[str]:
 @pytest.fixture
 def upstream_tests(base: Base, tmp_path: Path) -> Path:
     """The release's own tests/ folder (upstream's conftest included) with
-    the series' test files added, and no vllm/ source beside it, so that
-    `import vllm` reaches the installed wheel."""
+    the series' test files (its conftest.py too), and no vllm/ source beside
+    it, so that `import vllm` reaches the installed wheel."""
     clone = scratch_clone(tmp_path, base)
     shutil.rmtree(clone / "vllm")
-    for path in Series.load(base).test_files:
-        shutil.copyfile(base.copy_of(path), clone / path)
+    for path in Series.load(base).touched:
+        if path.startswith("tests/"):
+            shutil.copyfile(base.copy_of(path), clone / path)
     return clone / "tests"
 
 
@@ -246,8 +247,11 @@ def test_model_tests_pass_against_the_installed_wheel(
     assert where.stdout.strip() == str(purelib(venv) / "vllm" / "__init__.py")
     nodes = [str(Path(node).relative_to("tests")) for node in smoke_tests(base)]
     assert len(nodes) >= len(Series.load(base).patches)
+    # On the test command's emulated SM90 host, where each patch has a red test.
+    plugins = [*sourcetree.cpu_host_plugin(env), "-p", "glm5next_sm90_host"]
+    env["GLM5NEXT_SM90_GPU_ONLY"] = str(base.expected_sm90_skips)
     result = subprocess.run(
-        [str(venv), "-m", "pytest", "-q", "-p", "no:cacheprovider", *nodes],
+        [str(venv), "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugins, *nodes],
         cwd=upstream_tests,
         env=env,
         capture_output=True,
