@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from . import paths
 from .bases import Base
 from .digests import file_sha256
 from .errors import PatchsetError
