@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
-from patchset_tool import bases, envmgr, paths, sourcetree  # noqa: E402
+from patchset_tool import bases, envmgr, sourcetree  # noqa: E402
 from patchset_tool.junit import read_node_list  # noqa: E402
 
 TESTS = [
@@ -89,8 +89,8 @@ COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)")
 def run_tests(checkout: Path, base: bases.Base, sm90: bool) -> dict:
     python = envmgr.setup(base)
     env = sourcetree.checkout_env(python, base, checkout, "mutation")
-    env["PYTHONPATH"] += os.pathsep + str(paths.SUITE)
     command = [str(python), "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
+    command += sourcetree.cpu_host_plugin(env)
     if sm90:
         env["GLM5NEXT_SM90_GPU_ONLY"] = str(base.expected_sm90_skips)
         command += ["-p", "glm5next_sm90_host"]

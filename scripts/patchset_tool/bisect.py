@@ -87,7 +87,8 @@ def bisect_run(series: Series, src: Path, pytest_args: list[str]) -> int:
             )
             return SKIP
         # The test files the series adds, run as upstream CI runs them:
-        # from tests/, with upstream's tests/conftest.py loaded.
+        # from tests/, with upstream's tests/conftest.py loaded, and with
+        # what this CPU host lacks that a GPU runner has (the suite's plugin).
         tests = [
             str(Path(t).relative_to("tests"))
             for t in series.test_files
@@ -95,6 +96,7 @@ def bisect_run(series: Series, src: Path, pytest_args: list[str]) -> int:
         ]
         xml = scratch / ".patchset-junit.xml"
         command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        command += sourcetree.cpu_host_plugin(env)
         command += [f"--junitxml={xml}", *tests, *pytest_args]
         result = subprocess.run(command, cwd=scratch / "tests", env=env).returncode
         ran = xml.is_file() and "passed" in junit.read_outcomes(xml).values()

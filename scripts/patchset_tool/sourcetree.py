@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import gitutil, runner, upstream
+from . import gitutil, paths, runner, upstream
 from .bases import Base
 from .distinfo import default_install
 from .series import Series
@@ -41,7 +41,7 @@ def link_extensions(install_package: Path, tree: Path) -> int:
 def checkout_for_tests(base: Base, patched: bool) -> Iterator[Path]:
     """A checkout of `base`'s release with its compiled extensions: with the
     series applied (`patched`), or pristine with only the series' test files
-    added, so that each fix shows red there.
+    added (their conftest.py too), so that each fix shows red there.
 
     It is kept between runs in build/<version>/test-checkout-<tree>: each
     run resets it to the release tag and removes every untracked file but
@@ -71,7 +71,7 @@ def checkout_for_tests(base: Base, patched: bool) -> Iterator[Path]:
         if patched:
             gitutil.am_series(clone, series.patches)
         else:
-            for path in series.test_files:
+            for path in (p for p in series.created if p.startswith("tests/")):
                 (clone / path).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(base.copy_of(path), clone / path)
         link_extensions(default_install(base).package, clone)
@@ -96,3 +96,12 @@ def checkout_env(
     env["VLLM_CACHE_ROOT"] = runner.vllm_cache_root(f"{base.version}-{tree}")
     env["PYTHONPATH"] = os.pathsep.join([str(checkout), env["PYTHONPATH"]])
     return env
+
+
+def cpu_host_plugin(env: dict[str, str]) -> list[str]:
+    """The pytest options that load `glm5next_cpu_host`, the verification
+    suite's plugin for what this CPU host lacks that upstream's GPU runners
+    have; it puts the suite on `env`'s PYTHONPATH."""
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([*path, str(paths.SUITE)])
+    return ["-p", "glm5next_cpu_host"]

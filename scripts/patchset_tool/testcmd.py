@@ -160,14 +160,15 @@ def _checkout_tests(
     plugin_env: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Run `files` with pytest from tests/ of `base`'s release checkout, as
-    upstream CI runs them; `plugin_env` loads the emulated-SM90 plugin."""
+    upstream CI runs them, on this CPU host (`glm5next_cpu_host`);
+    `plugin_env` loads the emulated-SM90 plugin too."""
     command = [str(python), "-m", "pytest", "-v", "-s", "-p", "no:cacheprovider"]
     tree = "checkout-patched" if patched else "checkout-pristine"
     with sourcetree.checkout_for_tests(base, patched) as checkout:
         env = sourcetree.checkout_env(python, base, checkout, tree)
+        command += sourcetree.cpu_host_plugin(env)
         if plugin_env is not None:
             command += ["-p", "glm5next_sm90_host"]
-            env["PYTHONPATH"] += os.pathsep + str(paths.SUITE)
             env |= plugin_env
         return _pytest(part, [*command, *files], checkout / "tests", env)
 

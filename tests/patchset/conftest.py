@@ -92,6 +92,9 @@ def project(
         REPO / "scripts", root / "scripts", ignore=shutil.ignore_patterns("__pycache__")
     )
     shutil.copytree(REPO / "ci" / "requirements", root / "ci" / "requirements")
+    suite = root / paths.SUITE.relative_to(REPO)
+    suite.mkdir(parents=True)
+    shutil.copy(paths.SUITE / "glm5next_cpu_host.py", suite)  # bisect-run loads it
     (root / "bases.toml").write_text(
         "[[base]]\n"
         f'version = "{installed_version}"\n'

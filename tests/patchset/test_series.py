@@ -54,7 +54,7 @@ def test_series_touched_and_created_match_the_patch_text(base: bases.Base) -> No
     }
     assert set(series.touched) == overlay
     assert series.test_files == sorted(
-        p for p in created if p.startswith(f"{paths.MODEL_TESTS}/")
+        p for p in created if p.startswith("tests/") and "/test_" in p
     )
     assert series.hunks == sum(p.hunks for p in series.patches)
     for path in series.touched:

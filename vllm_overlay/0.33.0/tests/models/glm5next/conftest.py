@@ -8,7 +8,6 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 
@@ -49,16 +48,12 @@ class _NoGpuSparseMLABackend:
 @pytest.fixture
 def gpu_stubs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stub what only a GPU provides when layers are built: the sparse MLA
-    attention backend, and the GEMM kernels quantized linears select."""
+    attention backend."""
     import vllm.model_executor.layers.attention.mla_attention as mla_attention
-    import vllm.model_executor.layers.quantization.fp8 as fp8
-    import vllm.model_executor.layers.quantization.online.mxfp8 as mxfp8
 
     monkeypatch.setattr(
         mla_attention, "get_attn_backend", lambda *a, **k: _NoGpuSparseMLABackend
     )
-    monkeypatch.setattr(fp8, "init_fp8_linear_kernel", mock.MagicMock())
-    monkeypatch.setattr(mxfp8, "init_mxfp8_linear_kernel", mock.MagicMock())
 
 
 @pytest.fixture
@@ -66,7 +61,6 @@ def make_vllm_config(tmp_path: Path) -> Callable[..., Any]:
     """Factory: the `VllmConfig` of serving GLM-5.3-Flash with the given engine
     arguments; `checkpoint_quantization` is the checkpoint's own
     `quantization_config` (None: BF16)."""
-    import vllm.triton_utils
     from vllm.engine.arg_utils import EngineArgs
 
     def make(checkpoint_quantization: dict[str, Any] | None = None, **kwargs):
@@ -84,9 +78,7 @@ def make_vllm_config(tmp_path: Path) -> Callable[..., Any]:
             enable_prefix_caching=False,
             **kwargs,
         )
-        # The CPU platform wants triton-cpu on x86, for its model runner only.
-        with mock.patch.object(vllm.triton_utils, "HAS_TRITON", True):
-            return engine_args.create_engine_config()
+        return engine_args.create_engine_config()
 
     return make
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vllm.config import set_current_vllm_config
-from vllm.logger import _print_warning_once
+from vllm.logger import init_logger
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization.online.mxfp8 import (
     Mxfp8OnlineLinearMethod,
@@ -118,12 +118,14 @@ def test_online_config_reaches_attention_projections(case, kind, make_vllm_confi
 
 @pytest.mark.parametrize("case", list(KEEPS_BF16_WARNS))
 def test_bf16_checkpoint_without_targets_keeps_attention_projections_bf16(
-    case, make_vllm_config, caplog_vllm
+    case, make_vllm_config, caplog_vllm, monkeypatch
 ):
     """With a BF16 checkpoint and no `targets`, the projections stay BF16, as
     before; a `linear` config that would have reached them logs how to name
     them."""
-    _print_warning_once.cache_clear()  # `logger.warning_once` dedupes across tests
+    # The model's quant-config logger; each case needs its own warning record.
+    logger = init_logger("vllm.models.glm5next.quant_config")
+    monkeypatch.setattr(logger, "warning_once", logger.warning)
     for kind, layer_idx in LAYERS.items():
         layer = build_layer(make_case_config(make_vllm_config, case), layer_idx)
         assert set(quant_methods(layer.self_attn, PROJECTIONS[kind]).values()) == {

@@ -6,7 +6,6 @@ an explicit FlashInfer backend keep FlashInfer's rows."""
 
 import json
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
@@ -51,7 +50,6 @@ def glm_mla_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     the layer and its warnings about fp8_ds_mla rows. Only the backends' GPU
     kernels are left out."""
     import vllm.platforms
-    import vllm.triton_utils
     from vllm.engine.arg_utils import EngineArgs
     from vllm.platforms.cuda import CudaPlatform
     from vllm.platforms.interface import DeviceCapability
@@ -95,8 +93,7 @@ def glm_mla_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
             enable_prefix_caching=False,
             **engine_args,
         )
-        with mock.patch.object(vllm.triton_utils, "HAS_TRITON", True):
-            vllm_config = args.create_engine_config()
+        vllm_config = args.create_engine_config()
         with (
             set_current_vllm_config(vllm_config),
             set_default_torch_dtype(torch.bfloat16),
