@@ -169,7 +169,7 @@ def _spec_counts(llm) -> dict[str, float]:
     for metric in llm.get_metrics():
         for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
             if metric.name == f"vllm:spec_decode_{key}":
-                counts[key] = float(getattr(metric, "value", 0))
+                counts[key] = counts.get(key, 0.0) + float(getattr(metric, "value", 0))
     return counts
 
 
