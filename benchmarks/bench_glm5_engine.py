@@ -147,7 +147,7 @@ def _worker_layers(worker) -> dict:
     from vllm.config import get_layers_from_vllm_config
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
-    config = worker.model_runner.vllm_config
+    config = worker.vllm_config
     target_layers = config.model_config.hf_text_config.num_hidden_layers
     rows: dict[str, int] = {}
     for name, layer in get_layers_from_vllm_config(config, AttentionLayerBase).items():
