@@ -109,8 +109,10 @@ class Series:
 
     @cached_property
     def test_files(self) -> list[str]:
-        """The model test files the series adds, as paths in vLLM's tree."""
-        return sorted(p for p in self.created if p.startswith(f"{paths.MODEL_TESTS}/"))
+        """The test files the series adds, as paths in vLLM's tree."""
+        return sorted(
+            p for p in self.created if p.startswith("tests/") and "/test_" in p
+        )
 
     @property
     def hunks(self) -> int:

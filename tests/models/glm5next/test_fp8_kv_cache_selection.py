@@ -129,6 +129,21 @@ def test_selections_match_the_pristine_tree_except_the_intended(
     assert not wrong, "\n".join(wrong)
 
 
+def test_no_configuration_that_starts_pristine_fails_patched(
+    trees: dict[str, dict[str, Any]],
+) -> None:
+    """An intended change may let a configuration start, never stop one."""
+    pristine, patched = trees["pristine"]["cases"], trees["patched"]["cases"]
+    stopped = [
+        f"{case_id} {layer}: {before} -> {patched[case_id]['selection'][layer]}"
+        for case_id in matrix.CASES
+        for layer, before in pristine[case_id]["selection"].items()
+        if not before.startswith("error")
+        and patched[case_id]["selection"][layer].startswith("error")
+    ]
+    assert not stopped, "\n".join(stopped)
+
+
 def test_intended_cases_exist(
     trees: dict[str, dict[str, Any]], expectations: dict[str, Any]
 ) -> None:

@@ -237,10 +237,11 @@ class CacheConfig:
     An explicit float16 or bfloat16 must match the model data type.
     Custom dtypes can registered by platform backends via
     ``register_kv_cache_dtype`` are accepted (see vllm.config.cache).
-    CUDA 11.8+ supports fp8 (=fp8_e4m3, except for sparse MLA models whose
-    selected backend stores fp8 as fp8_ds_mla rows with a scale per 128
-    values, as FlashMLA does on Hopper; fp8_e4m3 keeps per-tensor rows where
-    a backend stores them) and fp8_e5m2. ROCm (AMD GPU) supports fp8
+    CUDA 11.8+ supports fp8 (=fp8_e4m3) and fp8_e5m2. On Hopper, sparse MLA
+    models store fp8 in DeepSeek's fp8_ds_mla rows (FLASHMLA_SPARSE), and
+    fp8_e4m3 too for NoPE models (head size 512); --attention-backend
+    FLASHINFER_MLA_SPARSE_SM90 keeps per-tensor rows. ROCm (AMD GPU) supports
+    fp8
     (=fp8_e4m3). Intel Gaudi (HPU) supports fp8 (using fp8_inc).
     Some models (namely DeepSeekV3.2) default to fp8, set to bfloat16 to use
     bfloat16 instead, this is an invalid option for models that do not default

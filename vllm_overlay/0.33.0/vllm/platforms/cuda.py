@@ -142,10 +142,11 @@ def _get_backend_priorities(
                 AttentionBackendEnum.FLASHMLA_SPARSE,
             ]
             flashinfer_sparse = AttentionBackendEnum.FLASHINFER_MLA_SPARSE_SM90
-            # NoPE-512 (GLM5Next): FlashInfer for the bf16 cache and for
-            # fp8_e4m3's per-tensor rows; plain fp8 is FlashMLA's fp8_ds_mla
-            # (a scale per 128 values), as at 576.
-            if head_size == 512 and kv_cache_dtype != "fp8":
+            # NoPE-512 (GLM5Next): FlashInfer for a BF16 cache; a quantized
+            # cache takes FlashMLA's fp8_ds_mla rows, as fp8 does at 576.
+            if head_size == 512 and not (
+                kv_cache_dtype is not None and is_quantized_kv_cache(kv_cache_dtype)
+            ):
                 sparse_tail.insert(0, flashinfer_sparse)
             else:
                 sparse_tail.append(flashinfer_sparse)

@@ -8,10 +8,10 @@ selection contract only (no GPU required):
 
 * ``get_supported_head_sizes`` advertises 512 so the backend is a candidate;
 * ``supports_combination`` admits 512 only for rope-free models on SM90, with
-  a bf16 cache or an fp8_ds_mla cache (zero RoPE slot; plain fp8 is its
-  alias), and rejects everything else (fp8_e4m3 asks for per-tensor rows);
-* on SM90, FLASHINFER_MLA_SPARSE_SM90 leads the 512 order for bf16 and
-  fp8_e4m3, FLASHMLA_SPARSE for plain fp8 (as at 576);
+  a bf16 cache or a quantized one stored as fp8_ds_mla (zero RoPE slot),
+  unless an MTP drafter cannot share those rows, and rejects everything else;
+* on SM90 the 512 order puts FLASHINFER_MLA_SPARSE_SM90 first for a bf16
+  cache and FLASHMLA_SPARSE for a quantized one, as at 576;
 * adding 512 must NOT reorder the SM100 priority list for bf16, which is why
   the bf16 arm is restricted to SM90.
 """
@@ -47,7 +47,7 @@ SM90 = DeviceCapability(major=9, minor=0)
 SM100 = DeviceCapability(major=10, minor=0)
 
 BF16_CACHE_DTYPES = (None, "auto", "bfloat16", "float16")
-NOPE_SM90_CACHE_DTYPES = (*BF16_CACHE_DTYPES, "fp8", "fp8_ds_mla")
+NOPE_SM90_CACHE_DTYPES = (*BF16_CACHE_DTYPES, "fp8", "fp8_e4m3", "fp8_ds_mla")
 
 
 def _supports_combination(head_size, kv_cache_dtype, capability):
@@ -69,15 +69,14 @@ def rope_free_model(monkeypatch):
     """Patch get_current_vllm_config so the model looks like GLM5Next NoPE."""
     import vllm.config as cfg
 
-    monkeypatch.setattr(
-        cfg,
-        "get_current_vllm_config",
-        lambda: SimpleNamespace(
-            model_config=SimpleNamespace(
-                hf_text_config=SimpleNamespace(qk_rope_head_dim=0)
-            )
+    config = SimpleNamespace(
+        model_config=SimpleNamespace(
+            hf_text_config=SimpleNamespace(qk_rope_head_dim=0)
         ),
+        speculative_config=None,
     )
+    monkeypatch.setattr(cfg, "get_current_vllm_config", lambda: config)
+    return config
 
 
 @pytest.fixture
@@ -204,7 +203,7 @@ def test_nope_512_sm100_rejected(kv_cache_dtype, rope_free_model):
     assert reason is not None
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ("fp8_e4m3", "nvfp4_ds_mla"))
+@pytest.mark.parametrize("kv_cache_dtype", ("nvfp4_ds_mla",))
 def test_nope_512_other_quantized_rejected(kv_cache_dtype, rope_free_model):
     reason = _supports_combination(512, kv_cache_dtype, SM90)
     assert reason is not None
@@ -274,24 +273,56 @@ def test_sm100_576_priority_unchanged():
     [
         ("auto", "FLASHINFER_MLA_SPARSE_SM90"),
         ("bfloat16", "FLASHINFER_MLA_SPARSE_SM90"),
-        ("fp8_e4m3", "FLASHINFER_MLA_SPARSE_SM90"),
         ("fp8", "FLASHMLA_SPARSE"),
+        ("fp8_e4m3", "FLASHMLA_SPARSE"),
     ],
 )
-def test_sm90_nope_512_order_follows_the_cache_dtype(kv_cache_dtype, first):
-    """FlashInfer's per-tensor rows only for fp8_e4m3; plain fp8 is FlashMLA's
-    fp8_ds_mla at 512 as at 576 (FLASH_ATTN_MLA_SPARSE stores bf16 only)."""
+def test_sm90_nope_512_order_keyed_on_quantized_cache(kv_cache_dtype, first):
     order = _sparse_order(kv_cache_dtype, 512, num_heads=64, capability=SM90)
-    candidates = [b for b in order if b != "FLASH_ATTN_MLA_SPARSE"]
-    assert candidates[0] == first, order
+    assert [b for b in order if b != "FLASH_ATTN_MLA_SPARSE"][0] == first, order
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3", "fp8"])
-def test_sm90_576_order_keeps_flashmla_ahead_of_flashinfer(kv_cache_dtype):
-    """The dtype-keyed 512 order leaves 576 (DeepSeek-V3.2) as it was."""
-    order = _sparse_order(kv_cache_dtype, 576, num_heads=64, capability=SM90)
-    flashmla = order.index("FLASHMLA_SPARSE")
-    assert flashmla < order.index("FLASHINFER_MLA_SPARSE_SM90"), order
+@pytest.mark.parametrize(
+    ("kv_cache_dtype", "drafter", "refused"),
+    [
+        ("fp8", {"attention_backend": "FLASHINFER_MLA_SPARSE_SM90"}, True),
+        ("fp8_e4m3", {"kv_cache_dtype": "fp8"}, True),
+        ("fp8", {"attention_backend": "FLASHMLA_SPARSE"}, False),
+        ("fp8", {"kv_cache_dtype": "fp8_ds_mla"}, False),
+        ("fp8_ds_mla", {"attention_backend": "FLASHINFER_MLA_SPARSE_SM90"}, False),
+        ("auto", {"kv_cache_dtype": "fp8"}, False),
+        ("fp8", {"method": "eagle3", "kv_cache_dtype": "fp8"}, False),
+    ],
+    ids=[
+        "drafter-on-flashinfer",
+        "drafter-own-dtype",
+        "drafter-on-flashmla",
+        "drafter-naming-fp8_ds_mla",
+        "explicit-fp8_ds_mla",
+        "bf16-cache",
+        "eagle3-drafter",
+    ],
+)
+def test_nope_512_mtp_drafter_must_share_fp8_ds_mla_rows(
+    kv_cache_dtype, drafter, refused, rope_free_model
+):
+    """A quantized cache that FLASHMLA_SPARSE turns into fp8_ds_mla is refused
+    where the MTP drafter, which shares the target's cache config, cannot
+    store those rows; the engine then keeps FlashInfer's per-tensor rows."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    spec = {"method": "mtp", "attention_backend": None, "kv_cache_dtype": None}
+    spec |= drafter
+    if spec["attention_backend"] is not None:
+        spec["attention_backend"] = AttentionBackendEnum[spec["attention_backend"]]
+    rope_free_model.speculative_config = SimpleNamespace(**spec)
+    reason = _supports_combination(512, kv_cache_dtype, SM90)
+    assert (reason is not None) == refused, reason
+
+
+@pytest.mark.parametrize("capability", [SM90, SM100], ids=["sm90", "sm100"])
+def test_576_fp8_e4m3_stays_with_per_tensor_backends(capability):
+    assert _supports_combination(576, "fp8_e4m3", capability) is not None
 
 
 @pytest.mark.skipif(not current_platform.is_cuda(), reason="Requires CUDA backends")

@@ -364,18 +364,6 @@ def _detect_output_quant_key(
     return kFp8StaticTensorSym
 
 
-_NOPE_FP8_IS_FP8_DS_MLA = (
-    "--kv-cache-dtype fp8 on this NoPE sparse MLA model (head size 512) "
-    "stores FlashMLA's 656-byte fp8_ds_mla rows (a float32 scale per 128 "
-    "values), where the default selection gave FlashInfer's 512-byte "
-    "per-tensor rows before (one scale, 1.0 unless the checkpoint has one; "
-    "values above 448 saturate): about 22% fewer KV cache tokens; from 16 "
-    "tokens per batch, decode attention in 0.40-0.52x the time of the "
-    "per-tensor rows and 1.05-1.56x that of BF16 (H200). --kv-cache-dtype "
-    "fp8_e4m3 keeps the per-tensor rows."
-)
-
-
 def _canonicalize_sparse_mla_kv_cache_dtype(
     attn_backend: type[AttentionBackend],
     kv_cache_dtype: CacheDType | str,
@@ -561,10 +549,13 @@ class MLAAttention(nn.Module, AttentionLayerBase):
             if (
                 self.attn_backend.get_name() == "FLASHMLA_SPARSE"
                 and self.head_size == 512
-                and kv_cache_dtype == "fp8"
             ):
-                # FLASHMLA_SPARSE takes head size 512 on SM90 only.
-                logger.warning_once(_NOPE_FP8_IS_FP8_DS_MLA)
+                logger.warning_once(
+                    "--kv-cache-dtype %s on this NoPE sparse MLA model stores "
+                    "FlashMLA's fp8_ds_mla rows; --attention-backend "
+                    "FLASHINFER_MLA_SPARSE_SM90 keeps per-tensor rows.",
+                    kv_cache_dtype,
+                )
             kv_cache_dtype = normalized_kv_cache_dtype
             logger.info_once(
                 "Using %s KV cache format for %s backend.",

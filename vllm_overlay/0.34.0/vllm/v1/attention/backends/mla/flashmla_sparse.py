@@ -158,6 +158,7 @@ class FlashMLASparseBackend(AttentionBackend):
         "bfloat16",
         "fp8_ds_mla",
         "fp8",  # alias for fp8_ds_mla
+        "fp8_e4m3",  # alias for fp8_ds_mla at head size 512
         "nvfp4_ds_mla",  # NVFP4 NoPE + FP8 RoPE (SM100 only)
     ]
 
@@ -226,16 +227,11 @@ class FlashMLASparseBackend(AttentionBackend):
         if head_size == 512:
             # GLM5Next NoPE (qk_rope_head_dim == 0, kv_lora_rank == 512) has
             # head_size 512 and is served here on SM90, either by the direct
-            # 512-wide bf16 cache or by the 576 fp8_ds_mla layout with a zero
-            # RoPE slot (see FlashMLASparseImpl.q_head_size); plain fp8 is its
-            # alias, as at 576. fp8_e4m3 asks for per-tensor rows, which this
-            # backend does not store: it, SM100 and rope-carrying 512 models
-            # must fall through to FlashInfer/TRITON.
-            if (
-                kv_cache_dtype
-                in (None, "auto", "bfloat16", "float16", "fp8", "fp8_ds_mla")
-                and device_capability.major == 9
-            ):
+            # 512-wide bf16 cache or, for a quantized cache, by the 576
+            # fp8_ds_mla layout with a zero RoPE slot (see
+            # FlashMLASparseImpl.q_head_size). SM100 and rope-carrying 512
+            # models must fall through to FlashInfer/TRITON.
+            if device_capability.major == 9:
                 # NoPE-512 is only correct for rope-free models.
                 # Precedent for reading hf_text_config in supports_combination:
                 # flashinfer_mla_sparse.py.
@@ -249,19 +245,52 @@ class FlashMLASparseBackend(AttentionBackend):
                             "FLASHMLA_SPARSE supports head_size 512 only for "
                             "rope-free (NoPE) models"
                         )
+                converts = kv_cache_dtype not in (None, "fp8_ds_mla")
+                if (
+                    converts
+                    and is_quantized_kv_cache(kv_cache_dtype)
+                    and (reason := _mtp_drafter_cannot_share(vllm_config))
+                ):
+                    return reason
             else:
                 return (
-                    "FLASHMLA_SPARSE supports head_size 512 only with bf16, "
-                    "fp8 or fp8_ds_mla kv-cache on SM90 (NoPE), got "
-                    f"kv_cache_dtype={kv_cache_dtype}, "
-                    f"capability={device_capability}"
+                    "FLASHMLA_SPARSE supports head_size 512 only on SM90 (NoPE), "
+                    f"got capability={device_capability}"
                 )
+        elif kv_cache_dtype == "fp8_e4m3":
+            # DeepSeek-V3.2 (576) keeps fp8_e4m3 on per-tensor backends.
+            return "FLASHMLA_SPARSE takes fp8_e4m3 only at head size 512"
         if kv_cache_dtype == "nvfp4_ds_mla" and device_capability.major != 10:
             return (
                 f"FLASHMLA_SPARSE only supports the {kv_cache_dtype} kv-cache "
                 "dtype on SM100 (Blackwell)"
             )
         return None
+
+
+def _mtp_drafter_cannot_share(vllm_config: VllmConfig) -> str | None:
+    """Why an MTP drafter cannot share the fp8_ds_mla rows MLAAttention writes
+    into the cache config it shares with the target: a drafter backend that
+    does not store them, or a cache dtype of the drafter's own, which its
+    metadata builders would read instead. Such drafters kept FlashInfer's
+    per-tensor rows before fp8 and fp8_e4m3 came here at head size 512."""
+    spec = vllm_config.speculative_config
+    if spec is None or spec.method != "mtp":
+        return None
+    backend = spec.attention_backend
+    if backend is not None and not backend.get_class().supports_kv_cache_dtype(
+        "fp8_ds_mla"
+    ):
+        return (
+            f"the MTP drafter's attention_backend {backend.name} cannot share "
+            "fp8_ds_mla rows"
+        )
+    if spec.kv_cache_dtype not in (None, "fp8_ds_mla"):
+        return (
+            f"the MTP drafter's own kv_cache_dtype {spec.kv_cache_dtype} cannot "
+            "share fp8_ds_mla rows"
+        )
+    return None
 
 
 def gathered_prefill_shards(

@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Mutation check of patch 0002's rule: each mutation must fail a test.
+"""Mutation check of patches 0002 and 0003: each mutation must fail a test.
 
-Usage: python benchmarks/mutate_0002.py CHECKOUT [--only N ...] [--out FILE]
+Usage: python benchmarks/mutate_kv_cache.py CHECKOUT [--only N ...] [--out FILE]
 
 CHECKOUT is a git checkout of vLLM 0.34.0 with the series applied and its
 compiled extensions linked, such as a `cp -a` of
 build/0.34.0/test-checkout-patched re-applied with the current patches (never
 that folder itself: the test command resets it). Mutation 0 is none (the
 baseline). Each mutation replaces one text, which must occur exactly once,
-runs the two test files of the rule from CHECKOUT/tests as the test command's
-emulated SM90 host part does (and, for config.py, on the plain CPU host too),
+runs the three test files of the rules from CHECKOUT/tests as the test command's
+emulated SM90 host part does (and, for vllm/config, on the plain CPU host too),
 and restores the file with `git checkout`. One line of JSON per run goes to
 stdout and to --out; `killed_by` is the failed tests less those the base's
 expected-sm90-failures.txt / expected-cpu-failures.txt list (they fail on
@@ -34,90 +34,42 @@ from patchset_tool import bases, envmgr, paths, sourcetree  # noqa: E402
 from patchset_tool.junit import read_node_list  # noqa: E402
 
 TESTS = [
+    "config/test_draft_kv_cache_dtype.py",
     "models/glm5next/test_fp8_kv_cache.py",
     "v1/attention/test_flashmla_nope_sm90_backend_selection.py",
 ]
 CUDA = "vllm/platforms/cuda.py"
 SPARSE = "vllm/v1/attention/backends/mla/flashmla_sparse.py"
 MLA = "vllm/model_executor/layers/attention/mla_attention.py"
-CONFIG = "vllm/model_executor/models/config.py"
-DTYPES_512 = '(None, "auto", "bfloat16", "float16", "fp8", "fp8_ds_mla")'
-WARNING = (
-    "            if (\n"
-    '                self.attn_backend.get_name() == "FLASHMLA_SPARSE"\n'
-    "                and self.head_size == 512\n"
-    '                and kv_cache_dtype == "fp8"\n'
-    "            ):\n"
-    "                # FLASHMLA_SPARSE takes head size 512 on SM90 only.\n"
-    "                logger.warning_once(_NOPE_FP8_IS_FP8_DS_MLA)\n"
-)
-SM90_TEST = "            and current_platform.is_device_capability_family(90)"
-BACKENDS = "(vllm_config.attention_config.backend, spec_config.attention_backend)"
-DRAFTERS_WITH_A_CACHE = "spec_config is None or not spec_config.uses_draft_kv_cache()"
-SUPPORTS = 'not backend.get_class().supports_kv_cache_dtype("fp8_ds_mla")'
+CONFIG = "vllm/config/vllm.py"
+QUANTIZED = "kv_cache_dtype is not None and is_quantized_kv_cache(kv_cache_dtype)"
+CONVERTS = 'converts = kv_cache_dtype not in (None, "fp8_ds_mla")'
+MTP_BACKEND = 'backend.get_class().supports_kv_cache_dtype(\n        "fp8_ds_mla"\n    )'
 
-# (file, old text, new text): 1-13 from the brief, 14- the branches it missed.
+# (file, old text, new text): patch 0003 (1-12), then patch 0002 (13-19).
 MUTATIONS: dict[int, tuple[str, str, str]] = {
-    1: (CUDA, ' and kv_cache_dtype != "fp8":', ":"),
-    2: (CUDA, 'kv_cache_dtype != "fp8":', 'kv_cache_dtype == "fp8":'),
-    3: (SPARSE, DTYPES_512, '(None, "auto", "bfloat16", "float16", "fp8_ds_mla")'),
-    4: (SPARSE, DTYPES_512, DTYPES_512[:-1] + ', "fp8_e4m3")'),
-    5: (MLA, WARNING, ""),
-    6: (MLA, "and self.head_size == 512\n", "and self.head_size == 576\n"),
-    7: (CONFIG, "current_platform.is_device_capability_family(90)\n", "True\n"),
-    8: (CONFIG, 'spec_config.method != "mtp"', 'spec_config.method == "mtp"'),
-    9: (
-        CONFIG,
-        "        if spec_config.kv_cache_dtype is None:\n            spec_config.kv",
-        "        if True:\n            spec_config.kv",
-    ),
-    10: (CONFIG, "if spec_config.kv_cache_dtype is not None or any(", "if any("),
-    11: (CONFIG, BACKENDS, "(spec_config.attention_backend,)"),
-    12: (CONFIG, SUPPORTS, "True"),
-    13: (CONFIG, "_keep_drafter_fp8_rows(vllm_config)\n            return", "return"),
-    14: (
-        CONFIG,
-        'cache_config.cache_dtype == "fp8"\n            and current_platform.is_cuda',
-        "current_platform.is_cuda",
-    ),
-    15: (CONFIG, 'if spec_config.kv_cache_dtype == "fp8":', "if False:"),
-    16: (CONFIG, SUPPORTS, "False"),
-    17: (
-        CONFIG,
-        "fp8_rows(vllm_config)\n            return",
-        "fp8_rows(vllm_config)\n            pass",
-    ),
-    18: (
-        CONFIG,
-        f"if {DRAFTERS_WITH_A_CACHE}:\n        return\n    if spec",
-        "if spec",
-    ),
+    1: (CUDA, f" and not (\n                {QUANTIZED}\n            ):", ":"),
+    2: (CUDA, "head_size == 512 and not (", "not ("),
+    3: (SPARSE, '        "fp8_e4m3",  # alias', "        # alias"),
+    4: (SPARSE, "            if device_capability.major == 9:", "            if True:"),
+    5: (SPARSE, "if converts and is_quantized", "if False and is_quantized"),
+    6: (SPARSE, CONVERTS, "converts = True"),
+    7: (SPARSE, 'spec.method != "mtp"', 'spec.method == "mtp"'),
+    8: (SPARSE, MTP_BACKEND, "False"),
+    9: (SPARSE, 'if spec.kv_cache_dtype not in (None, "fp8_ds_mla"):', "if False:"),
+    10: (SPARSE, '        elif kv_cache_dtype == "fp8_e4m3":', "        elif False:"),
+    11: (MLA, "                logger.warning_once(\n                    \"--kv", "                (\n                    \"--kv"),
+    12: (MLA, "and self.head_size == 512\n            ):", "and True\n            ):"),
+    13: (CONFIG, "        self._keep_draft_kv_cache_dtype()\n", ""),
+    14: (CONFIG, "            or spec.kv_cache_dtype is not None\n", ""),
+    15: (CONFIG, "            or not spec.uses_draft_kv_cache()\n", ""),
+    16: (CONFIG, "            or spec.draft_model_config.use_mla\n", ""),
+    17: (CONFIG, '"index_topk", None) is None', '"index_topk", None) is False'),
+    18: (CONFIG, "            or not is_quantized_kv_cache(self.cache_config.cache_dtype)\n", ""),
     19: (
-        CUDA,
-        'if head_size == 512 and kv_cache_dtype != "fp8":',
-        'if kv_cache_dtype != "fp8":',
-    ),
-    20: (MLA, '512\n                and kv_cache_dtype == "fp8"\n', "512\n"),
-    21: (
         MLA,
-        'self.attn_backend.get_name() == "FLASHMLA_SPARSE"\n                and ',
-        "",
-    ),
-    22: (
-        CONFIG,
-        "and current_platform.is_cuda()\n" + SM90_TEST,
-        SM90_TEST.lstrip(),
-    ),
-    23: (
-        CONFIG,
-        'kv_cache_dtype = "fp8_e4m3"\n        return',
-        'kv_cache_dtype = "fp8"\n        return',
-    ),
-    24: (CONFIG, DRAFTERS_WITH_A_CACHE, "spec_config is None"),
-    25: (
-        MLA,
-        '"FLASHMLA_SPARSE"\n                and self.head_size == 512\n',
-        '"FLASHMLA_SPARSE"\n',
+        'self.attn_backend.get_name() == "FLASHMLA_SPARSE"\n                and self.head_size',
+        "self.head_size",
     ),
 }
 SUMMARY = re.compile(r"^(FAILED|ERROR) (\S+)", re.M)
