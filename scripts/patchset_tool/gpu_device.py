@@ -169,6 +169,8 @@ def tree_env(root: Path, tree: str) -> dict[str, str]:
     env["VLLM_CACHE_ROOT"] = str(root / f"cache-{tree}")
     env["FLASHINFER_WORKSPACE_BASE"] = str(root / f"fiws-{tree}")
     env.setdefault("CUDA_HOME", "/usr/local/cuda")
+    # The stage's FlashInfer is its SM90 MLA modules alone: no sampler.
+    env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
     return env
 
 
