@@ -298,8 +298,10 @@ def run_one(spec: dict, stage: Path, out: Path, timeout_s: int) -> dict:
             last = found[-1].replace(",", "")
             row[key] = ",".join(sorted(set(found))) if key == "backends" else last
     if rc:
-        errors = [line for line in lines if "Error" in line or "error:" in line]
-        row["error"] = errors[-1][-300:] if errors else text[-300:]
+        # The root cause: the first exception line, not the engine's summary.
+        errors = [line for line in lines if re.search(r"^\S*(Error|Exception): ", line)]
+        errors += [line for line in lines if re.search(r"\w(Error|Exception): ", line)]
+        row["error"] = errors[0][-300:] if errors else text[-300:]
     with open(out / "results.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
     return row
