@@ -12,7 +12,9 @@ lives only while the machine stays warm:
     python3 PART/engine.py run TREE -- CMD...   # any command on one tree
 
 `unpack` extracts its own part (`ext-*.xz` extensions into `ext/`, `*.tar.xz`
-archives into a folder of their stem, wheels into `wheels/`) and records it.
+archives into a folder of their stem, wheels into `wheels/`; pieces
+`NAME.I-of-N.split` of a file too large for one call are kept until all N
+are in, then joined and extracted as NAME) and records it.
 The other verbs first check that every part of `MANIFEST.json` was unpacked
 (a cold machine forgets them: run the sequence again), install the wheels
 with pip `--no-index --no-deps --target site/`, and build `tree-pristine/`
@@ -55,25 +57,53 @@ def unpack(part: Path, root: Path) -> None:
     """Extract `part` into `root` and record it in `root/.parts/`."""
     started = time.time()
     for src in sorted(part.iterdir()):
-        name = src.name
-        if name.startswith("ext-") and name.endswith(".xz"):
-            rel = name[len("ext-") : -len(".xz")].replace("+", "/")
-            out = root / "ext" / rel
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(lzma.decompress(src.read_bytes()))
-            out.chmod(0o755)
-        elif name.endswith(".tar.xz"):
-            dest = root / name[: -len(".tar.xz")]
-            shutil.rmtree(dest, ignore_errors=True)
-            dest.mkdir(parents=True)
-            with tarfile.open(src) as tar:
-                tar.extractall(dest, filter="tar")
-        elif name.endswith(".whl"):
-            (root / "wheels").mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, root / "wheels" / name)
+        if src.name.endswith(".split"):
+            src = join(src, root)
+        if src is not None:
+            unpack_file(src, root)
     (root / ".parts").mkdir(parents=True, exist_ok=True)
     (root / ".parts" / part.name).write_text("ok\n")
     print(f"engine: unpacked {part.name} into {root} ({time.time() - started:.0f} s)")
+
+
+def join(piece: Path, root: Path) -> Path | None:
+    """Keep `piece` (`NAME.I-of-N.split`); once all N are kept, the joined
+    `NAME`, else None."""
+    name, _, count = piece.name[: -len(".split")].rpartition(".")
+    total = int(count.split("-of-")[1])
+    pieces = root / "pieces"
+    pieces.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(piece, pieces / piece.name)
+    found = [pieces / f"{name}.{i}-of-{total}.split" for i in range(1, total + 1)]
+    if not all(p.exists() for p in found):
+        return None
+    joined = root / "joined" / name
+    joined.parent.mkdir(parents=True, exist_ok=True)
+    with open(joined, "wb") as out:
+        for p in found:
+            out.write(p.read_bytes())
+            p.unlink()
+    return joined
+
+
+def unpack_file(src: Path, root: Path) -> None:
+    """Extract one file of a part into `root`."""
+    name = src.name
+    if name.startswith("ext-") and name.endswith(".xz"):
+        rel = name[len("ext-") : -len(".xz")].replace("+", "/")
+        out = root / "ext" / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(lzma.decompress(src.read_bytes()))
+        out.chmod(0o755)
+    elif name.endswith(".tar.xz"):
+        dest = root / name[: -len(".tar.xz")]
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        with tarfile.open(src) as tar:
+            tar.extractall(dest, filter="tar")
+    elif name.endswith(".whl"):
+        (root / "wheels").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, root / "wheels" / name)
 
 
 def _link_tree(src: Path, dest: Path) -> None:
@@ -131,12 +161,16 @@ def prepare(part: Path, root: Path) -> dict:
 
 def tree_env(root: Path, tree: str) -> dict[str, str]:
     env = dict(os.environ, **SAFE_ENV)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(root / f"tree-{tree}"), str(root / "site")]
-    )
+    site = root / "site"
+    # `--target` installs skip .pth files: nvidia-cutlass-dsl's puts this
+    # folder (the `cutlass` package) on the path.
+    paths = [root / f"tree-{tree}", site, site / "nvidia_cutlass_dsl/dsl_packages"]
+    env["PYTHONPATH"] = os.pathsep.join(map(str, paths))
     env["VLLM_CACHE_ROOT"] = str(root / f"cache-{tree}")
     env["FLASHINFER_WORKSPACE_BASE"] = str(root / f"fiws-{tree}")
     env.setdefault("CUDA_HOME", "/usr/local/cuda")
+    # The stage's FlashInfer is its SM90 MLA modules alone: no sampler.
+    env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
     return env
 
 

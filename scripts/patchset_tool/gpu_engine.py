@@ -20,6 +20,9 @@ part as `engine.py`), they make vLLM importable there:
 * the cp312 wheels of `WHEELS`, at the versions the base's environment has:
   the packages vLLM's engine and upstream's conftest import that the
   machine's image lacks.
+
+An item larger than one call (the CuTe DSL's cu13 wheel, 92 MB) travels in
+pieces (`split`) that the device script joins.
 """
 
 import hashlib
@@ -67,6 +70,10 @@ WHEELS = (
     "loguru",
     "mistral-common",
     "msgspec",
+    "nvidia-cutlass-dsl",
+    "nvidia-cutlass-dsl-libs-base",
+    "nvidia-cutlass-dsl-libs-core",
+    "nvidia-cutlass-dsl-libs-cu13",
     "openai",
     "opentelemetry-api",
     "orjson",
@@ -81,23 +88,30 @@ WHEELS = (
     "python-json-logger",
     "python-multipart",
     "pyzmq",
+    "quack-kernels",
     "referencing",
     "rpds-py",
     "setproctitle",
     "sniffio",
     "starlette",
     "tblib",
+    "tilelang",
+    "torch-c-dlpack-ext",
     "truststore",
     "typing-inspection",
     "uvicorn",
     "watchfiles",
     "xgrammar",
+    "z3-solver",
 )
 """Distributions vLLM 0.34.0's engine, its entry points, upstream's
 tests/conftest.py and the tests/utils.py its `dist_init` imports need that
 the GPU machine's image lacks (its list: the device's KINDS.md), found by
 importing them on CPU in a Python 3.12 venv holding only that image's
-packages (`tests/patchset/test_gpu_engine.py`)."""
+packages (`tests/patchset/test_gpu_engine.py`). Every CUDA engine's
+`kernel_warmup` imports MiniMax-M3's warmup, which imports the CuTe DSL
+(`cutlass`, the `[cu13]` flavour vLLM's wheel requires) and quack; mHC
+(`mhc: true`) runs tilelang's kernels, which need z3 and torch-c-dlpack-ext."""
 
 PY_SKIP = ("vllm/vllm-rs", "vllm/third_party/fmha_sm100/")
 """Wheel files the stage leaves out: the 64 MB `vllm-rs` binary (a Rust
@@ -262,6 +276,23 @@ def pack_parts(items: list[Path], dest: Path, budget: int) -> list[str]:
     return [name for name, _ in parts]
 
 
+def split(item: Path, budget: int) -> list[Path]:
+    """`item` itself, or pieces of it named `NAME.I-of-N.split` (each under
+    `budget` bytes) that the device script joins once all are unpacked."""
+    data = item.read_bytes()
+    count = -(-len(data) // budget)
+    if count <= 1:
+        return [item]
+    step = -(-len(data) // count)
+    pieces = []
+    for i in range(count):
+        piece = item.with_name(f"{item.name}.{i + 1}-of-{count}.split")
+        piece.write_bytes(data[i * step : (i + 1) * step])
+        pieces.append(piece)
+    item.unlink()
+    return pieces
+
+
 def build(series: Series, dest: Path, *, with_flashinfer: bool = True) -> dict:
     """Write the engine stage of `series` into `dest` (emptied first) and
     return its manifest (`MANIFEST.json`, also in every part)."""
@@ -291,9 +322,11 @@ def build(series: Series, dest: Path, *, with_flashinfer: bool = True) -> dict:
         archive = gpu_flashinfer.archive(site, python, cache / "gpu-flashinfer")
         items.append(shutil.copyfile(archive, work / "flashinfer.tar.xz"))
     for name in WHEELS:
-        items.append(wheel(name, _version(site, name), cache / "gpu-wheels"))
+        found = wheel(name, _version(site, name), cache / "gpu-wheels")
+        items.append(shutil.copyfile(found, work / found.name))
     beside = gitutil.working_tree_bytes(paths.REPO)
     budget = gpu.CARRY_LIMIT - beside - PART_MARGIN
+    items = [piece for item in items for piece in split(item, budget)]
     names = pack_parts(items, dest, budget)
     shutil.rmtree(work)
     sizes = {

@@ -9,7 +9,8 @@ lacks (CUTLASS DSL, cuda-tile, nccl4py, cudnn-frontend), so the archive made
 here holds only what that wrapper needs:
 
 * the FlashInfer Python files of the packages `flashinfer.mla` loads
-  (`PACKAGES`), with a top-level `__init__.py` that imports nothing else;
+  (`PACKAGES`), with a top-level `__init__.py` that imports nothing else
+  and a `cute_dsl/__init__.py` that imports no GEMM package (`STUBS`);
 * the two SM90 MLA modules the backend uses at GLM's geometry (BF16 and E4M3
   caches, `head_dim_ckv=512`, `head_dim_kpe=0`), compiled here with nvcc for
   sm_90a through FlashInfer's own JIT and placed where FlashInfer looks for
@@ -63,7 +64,15 @@ CSRC = (
 """The module's sources under `data/csrc`: FlashInfer renders its config and
 copies them on every call, before it finds the prebuilt module."""
 
-STUB_INIT = "from .version import __version__, __git_commit__, __git_version__\n"
+STUBS = {
+    "flashinfer/__init__.py": (
+        "from .version import __version__, __git_commit__, __git_version__\n"
+    ),
+    # With the CuTe DSL installed (vLLM requires it) the real one imports
+    # FlashInfer's GEMM packages, which the archive leaves out; the MLA
+    # wrapper's backends import only submodules of it.
+    "flashinfer/cute_dsl/__init__.py": "from .availability import *  # noqa\n",
+}
 
 TVM_FFI_SKIP = ("tvm_ffi/3rdparty/", "tvm_ffi/src/")
 
@@ -176,7 +185,7 @@ def archive(site_packages: Path, python: Path, cache_dir: Path) -> Path:
     fi_version = dist_version(site_packages, "flashinfer_python")
     tvm_version = dist_version(site_packages, "apache_tvm_ffi")
     key = hashlib.sha256(
-        f"{fi_version}\0{tvm_version}\0{BUILD_SCRIPT}\0{PACKAGES}\0{CSRC}".encode()
+        f"{fi_version}\0{tvm_version}\0{BUILD_SCRIPT}\0{PACKAGES}\0{CSRC}\0{STUBS}".encode()
     ).hexdigest()[:16]
     out = cache_dir / f"flashinfer-{fi_version}-{key}.tar.xz"
     if out.exists():
@@ -191,9 +200,7 @@ def archive(site_packages: Path, python: Path, cache_dir: Path) -> Path:
             for rel in PACKAGES:
                 for src in sorted((pkg / rel).glob("*.py")):
                     name = f"flashinfer/{src.relative_to(pkg).as_posix()}"
-                    data = src.read_bytes()
-                    if name == "flashinfer/__init__.py":
-                        data = STUB_INIT.encode()
+                    data = STUBS.get(name, "").encode() or src.read_bytes()
                     _add(tar, name, data)
             for source in CSRC:
                 data = (pkg / "data" / "csrc" / source).read_bytes()

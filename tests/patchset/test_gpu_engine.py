@@ -133,6 +133,25 @@ def test_parts_fit_the_budget_largest_first(tmp_path: Path) -> None:
         gpu_engine.pack_parts(items, tmp_path / "again", budget=40)
 
 
+def test_an_item_over_the_budget_travels_in_pieces_joined_on_unpack(
+    tmp_path: Path,
+) -> None:
+    wheel = tmp_path / "work" / "big-1.0-py3-none-any.whl"
+    wheel.parent.mkdir()
+    data = bytes(range(256)) * 3
+    wheel.write_bytes(data)
+    pieces = gpu_engine.split(wheel, budget=300)
+    assert [p.name for p in pieces] == [
+        f"big-1.0-py3-none-any.whl.{i}-of-3.split" for i in (1, 2, 3)
+    ]
+    parts = gpu_engine.pack_parts(pieces, tmp_path / "stage", budget=300)
+    root = tmp_path / "root"
+    for part in parts:
+        assert not (root / "wheels").exists(), "nothing installed from a piece"
+        gpu_device.unpack(tmp_path / "stage" / part, root)
+    assert (root / "wheels" / wheel.name).read_bytes() == data
+
+
 def tar_xz(path: Path, files: dict[str, bytes]) -> None:
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w") as tar:

@@ -75,7 +75,12 @@ def members(archive: Path) -> dict[str, bytes]:
 
 def test_top_level_init_imports_nothing_but_the_version(archive: Path) -> None:
     init = members(archive)["flashinfer/__init__.py"].decode()
-    assert init == gpu_flashinfer.STUB_INIT
+    assert init == gpu_flashinfer.STUBS["flashinfer/__init__.py"]
+
+
+def test_cute_dsl_init_imports_no_gemm_package(archive: Path) -> None:
+    init = members(archive)["flashinfer/cute_dsl/__init__.py"].decode()
+    assert init == gpu_flashinfer.STUBS["flashinfer/cute_dsl/__init__.py"]
 
 
 def test_only_the_mla_packages_and_sources_travel(archive: Path) -> None:

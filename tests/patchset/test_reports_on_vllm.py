@@ -212,3 +212,25 @@ def test_capacity_bf16_vs_fp8(
     assert ratio == pytest.approx(fp8["block_tokens"] / auto["block_tokens"], 1e-3)
     assert min_ratio <= ratio <= max_ratio
     assert report["ratio"]["vllm_tokens"] > 1
+
+
+@pytest.mark.parametrize(
+    "version, pristine",
+    [
+        pytest.param(
+            v, p, id=f"{v}-{'pristine' if p else 'patched'}", marks=tree_group(v, p)
+        )
+        for v in VERSIONS
+        for p in (False, True)
+    ],
+)
+def test_capacity_takes_flashmla_sparse_workspace_from_the_budget(version, pristine):
+    auto, fp8 = capacity(version, pristine)["columns"].values()
+    assert auto["workspace_bytes"] == 0, "FlashInfer's BF16 path reserves none"
+    assert auto["vllm_tokens_less_workspace"] == auto["vllm_tokens"]
+    if pristine:  # fp8 stays on FlashInfer's per-tensor rows
+        assert fp8["workspace_bytes"] == 0
+        return
+    # FlashMLA sparse on fp8_ds_mla reserves its prefill buffers at load.
+    assert fp8["workspace_bytes"] > 2**30, "over a GiB at 8192 tokens, TP8"
+    assert fp8["vllm_tokens_less_workspace"] < fp8["vllm_tokens"]

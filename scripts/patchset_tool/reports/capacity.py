@@ -109,6 +109,7 @@ def create_vllm_config(
         kv_cache_dtype=kv_cache_dtype,
         tensor_parallel_size=args.tp,
         max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         speculative_config={"method": "mtp", "num_speculative_tokens": 1},
         enforce_eager=True,
         enable_prefix_caching=False,
@@ -127,13 +128,51 @@ def gpu_less_impl(real_impl: type, helpers: ModuleType) -> type:
     fp8_ds_mla rows itself (0.34.0 and later), that method."""
 
     def keep_arguments(self: Any, **kwargs: Any) -> None:
+        from vllm.config import get_current_vllm_config
+
         self.__dict__.update(kwargs)
+        # Built at TP 1: the rank's heads are num_heads / TP.
+        tp = get_current_vllm_config().parallel_config.tensor_parallel_size
+        rank = kwargs | {"num_heads": kwargs["num_heads"] // tp}
+        self.workspace_bytes = workspace_bytes(real_impl, rank)
 
     attrs: dict[str, Any] = {"__init__": keep_arguments}
     row_bytes = getattr(real_impl, "get_fp8_ds_mla_row_bytes", None)
     if row_bytes is not None:
         attrs["get_fp8_ds_mla_row_bytes"] = row_bytes
     return type(real_impl.__name__, (helpers.NoGpuSparseMLAImpl,), attrs)
+
+
+def workspace_bytes(real_impl: type, kwargs: dict[str, Any]) -> int:
+    """Bytes `real_impl` reserves in vLLM's shared workspace when a layer
+    builds it (FlashMLA sparse on a quantized cache: its q and prefill
+    buffers, sized by max_num_batched_tokens and max_model_len), read by
+    running its constructor with the workspace manager recording."""
+    from unittest import mock
+
+    from vllm.utils.math_utils import round_up
+    from vllm.v1.worker import workspace
+
+    module = sys.modules[real_impl.__module__]
+    if not hasattr(module, "current_workspace_manager"):
+        return 0
+    asked: list[tuple[tuple[int, ...], Any]] = []
+
+    class Recorder:
+        def get_simultaneous(self, *specs: tuple[tuple[int, ...], Any]) -> list:
+            asked.extend(specs)
+            return []
+
+    with (
+        mock.patch.object(module, "current_workspace_manager", Recorder),
+        mock.patch.object(module, "num_compute_units", lambda *_: 1, create=True),
+        mock.patch("torch.accelerator.current_device_index", lambda: 0),
+    ):
+        real_impl(**kwargs)
+    return sum(
+        round_up(workspace._compute_bytes(shape, dtype), workspace._VIEW_ALIGNMENT)
+        for shape, dtype in asked
+    )
 
 
 def mla_backend_stub(helpers: ModuleType) -> Any:
@@ -320,11 +359,19 @@ def measure_dtype(
 
                 current_platform.update_block_size_for_backend(vllm_config)
                 specs = collect_specs(vllm_config, layers)
-                config = plan(vllm_config, specs, int(args.budget_gib * GIB))
+                budget = int(args.budget_gib * GIB)
+                config = plan(vllm_config, specs, budget)
+                workspace = max(
+                    getattr(getattr(layer, "impl", None), "workspace_bytes", 0)
+                    for layer in layers.values()
+                )
+                less = plan(vllm_config, specs, budget - workspace)
     layers_n = vllm_config.model_config.hf_text_config.num_hidden_layers
     return {
         "kv_cache_dtype": dtype,
         "engine_cache_dtype": engine_dtype,
+        "workspace_bytes": workspace,
+        "vllm_tokens_less_workspace": capacity(vllm_config, less)["vllm_tokens"],
         "caches": spec_rows(specs, layers, layers_n),
         "groups": group_rows(config),
         **capacity(vllm_config, config),
@@ -408,6 +455,13 @@ def format_column(column: dict[str, Any]) -> list[str]:
         f" = {column['pool_bytes'] / GIB:.2f} GiB; {breakdown['pool']:.1f} B/token"
         f" of which {breakdown['other']:.1f} B/token state/tail share and padding"
     )
+    if column["workspace_bytes"]:
+        lines.append(
+            f"  sparse MLA workspace reserved at load: "
+            f"{column['workspace_bytes'] / GIB:.2f} GiB; with it taken from the "
+            f"budget, vLLM's 'KV cache size': "
+            f"{column['vllm_tokens_less_workspace']:,} tokens"
+        )
     lines.append(
         f"  tokens in the block pool: {column['block_tokens']:,}; vLLM's "
         f"'KV cache size': {column['vllm_tokens']:,} tokens "
@@ -467,4 +521,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=32768,
         metavar="L",
         help="the model length (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=positive(int),
+        default=8192,
+        metavar="T",
+        help="sizes the sparse MLA workspace (default: %(default)s, what "
+        "`vllm serve` gets on an H100 or H200; `vllm.LLM` gets 16384)",
     )
