@@ -384,6 +384,22 @@ def _canonicalize_sparse_mla_kv_cache_dtype(
     return kv_cache_dtype
 
 
+def _keep_draft_kv_cache_dtype(kv_cache_dtype: CacheDType | str) -> None:
+    """Before a sparse MLA layer rewrites the cache config it shares with the
+    drafter, give a drafter whose attention is not MLA (EAGLE, a draft model)
+    the user's dtype in a config of its own: it cannot store the backend's
+    layout. A drafter naming its own dtype, or building MLA (MTP), is left
+    alone."""
+    spec = get_current_vllm_config().speculative_config
+    if (
+        spec is not None
+        and spec.kv_cache_dtype is None
+        and spec.draft_model_config is not None
+        and not spec.draft_model_config.use_mla
+    ):
+        spec.kv_cache_dtype = kv_cache_dtype
+
+
 def _get_kv_b_proj_input_dtype(
     kv_b_proj: ColumnParallelLinear, use_fp8_prefill: bool
 ) -> torch.dtype | None:
@@ -544,6 +560,7 @@ class MLAAttention(nn.Module, AttentionLayerBase):
             self.attn_backend, kv_cache_dtype
         )
         if normalized_kv_cache_dtype != kv_cache_dtype:
+            _keep_draft_kv_cache_dtype(kv_cache_dtype)
             if cache_config is not None:
                 cache_config.cache_dtype = normalized_kv_cache_dtype
             if (
