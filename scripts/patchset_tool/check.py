@@ -2,15 +2,10 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`patchset check`: a fast offline consistency check that imports no vLLM.
 
-Patches are made with `git format-patch --full-index`, so each file's
-`index OLD..NEW` line carries full blob ids. For every base, the check
-proves from hashes alone that consecutive patches chain and that the last
-post-image of every file is that base's overlay copy. Across the bases it
-proves that the series carry the same patches by subject, in the same
-order, unless `bases.toml` declares a difference with its reason, and
-that each file `bases.toml` declares the same (`[[same]]`) is one file in
-every base's overlay, so that a fix made for one base cannot be forgotten
-for another.
+From the full blob ids of `git format-patch --full-index` alone, it proves for
+every base that consecutive patches chain and end at the overlay, and across
+the bases that the series match by subject and order (unless `bases.toml`
+declares a difference) and that each `[[same]]` file is one file everywhere.
 """
 
 import contextlib

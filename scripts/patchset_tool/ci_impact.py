@@ -3,18 +3,11 @@
 """`patchset ci-impact`: which of the base's Buildkite steps a pull request
 with the series would trigger, and which of their tests run here.
 
-A step of the release's `.buildkite/test_areas/*.yaml` (and each `mirror`
-of it, as its own step) is triggered when a file the series touches starts
-with one of its `source_file_dependencies`; a step without that key is
-counted apart (it runs for any change). What a step runs is read from its
-`commands` by upstream's own `tools/pre_commit/check_test_tethering.py` of
-that release (its command parser, not a copy). "Here" names the files of
-the step that `patchset test` runs: the model tests (tests/models/glm5next/)
-and the upstream neighbours (ci/upstream_neighbours.txt).
-
-The YAML needs PyYAML, so the report runs in the base's managed
-environment: `run_in_env` starts `python -m patchset_tool.ci_impact`
-there on a scratch clone of the release.
+A step (and each of its `mirror`s) is triggered when a file the series touches
+starts with one of its `source_file_dependencies`; a step without that key runs
+for any change. What a step runs is read by upstream's own
+`check_test_tethering.py` of that release, so the report runs in the base's
+managed environment (PyYAML) through `run_in_env`.
 """
 
 import argparse

@@ -2,15 +2,10 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The managed environments: one venv per base, made with uv.
 
-Each base's venv lives in the shared cache, keyed by the interpreter
-version and the base's own requirements (`ci/requirements/<version>/`), so
-the bases never share a venv and every clone on a machine reuses one
-install. uv itself is pinned in `ci/requirements/uv.txt` and installed
-with pip into a small venv of its own. uv's cache makes the second base
-cheap: torch and the other shared wheels are linked, not downloaded again.
-The light tool pins (`tools.txt`) are synced into each venv and recorded by
-their own hash, so bumping a linter does not reinstall vLLM. Index
-configuration is pip's and uv's own; nothing here names a registry.
+Each base's venv lives in the shared cache, keyed by the interpreter version
+and the base's own requirements (`ci/requirements/<version>/`). uv is pinned in
+`ci/requirements/uv.txt`; the light tool pins (`tools.txt`) are recorded by
+their own hash, so bumping a linter does not reinstall vLLM.
 """
 
 import contextlib

@@ -3,22 +3,12 @@
 """`export`: one branch per patch, each with its written pull-request
 description (`docs/pr/NNNN.md`, checked by `prdesc.check`).
 
-Patch 1 goes on the release (HEAD of the checkout). Each later patch goes on
-the release too when it applies there alone and nothing it or its tests use
-comes from an earlier patch (tried in a scratch clone: `git am -3`, then
-its imports and its tests' fixtures read against the files the earlier
-patches add); else it is stacked on the previous patch's branch.
-
-Every exported commit is authored, committed and signed off by the person
-exporting (their `git config` identity) alone: the patches' own
-Signed-off-by lines and any line naming the project's identity are dropped.
-
-All or nothing: every input is checked before anything is written (branch
-names with `git check-ref-format --branch`, no existing branch, the
-checkout's release, the identity, the descriptions' folder); the commits
-are made in a scratch clone, the descriptions in a scratch folder; only
-then are the branches created (one ref transaction) and the folder put in
-place, as one step that signals do not interrupt (`gitutil.publishing`).
+A patch goes on the release when it applies there alone (`git am -3` in a
+scratch clone) and nothing it or its tests use comes from an earlier patch,
+else on the previous patch's branch. Commits carry only the exporter's
+identity. All or nothing: every input is checked first, the work is done in
+scratch, then the branches and the folder are published in one step that
+signals do not interrupt (`gitutil.publishing`).
 """
 
 import contextlib

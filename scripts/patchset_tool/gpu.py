@@ -2,25 +2,12 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """GPU tests (and the decode benchmark) on a machine that has no vLLM.
 
-The SM90 tests of the series drive vLLM's compiled kernels (the cache writer in
-`_C_stable_libtorch`, FlashMLA in `_flashmla_C`) through a few of vLLM's Python
-files. A GPU machine with PyTorch but without vLLM's dependencies can run them
-from a *stage*: those files copied out of an installed vLLM, with a stub
-`vllm/__init__.py` so that importing an extension does not import vLLM.
-
-* `stage` writes such a stage: the extensions without their static symbol
-  tables and xz-compressed (the compression is cached by the file's sha256,
-  since `_C_stable_libtorch` takes minutes),
-  the Python files, the stub, the tests, a `pytest.ini` and, with `bench`, the
-  benchmark script. It refuses a stage that does not fit `CARRY_LIMIT`
-  together with the working tree.
-* `device_command` is the shell command that runs a stage on the GPU machine:
-  unpack to /tmp, pytest (no conftest, no cache), then the benchmark, with
-  the junit XML and the logs written to `$OUT`.
-* `collect` copies what came back into the build tree and summarises it.
-
-Only the standard library is used here, and binutils' `strip` where it is
-installed.
+The series' SM90 tests drive vLLM's compiled kernels through a few of its
+Python files, so a GPU machine with PyTorch but no vLLM runs them from a
+*stage*: those files copied out of an installed vLLM (the extensions stripped
+and xz-compressed), a stub `vllm/__init__.py`, the tests and a `pytest.ini`.
+`stage` writes one, `device_command` runs it there, `collect` summarises what
+came back.
 """
 
 import json
@@ -143,21 +130,12 @@ def stage(
     bench_files: tuple[Path, ...] = (),
     python_files: tuple[str, ...] = PYTHON_FILES,
 ) -> Path:
-    """Write into `dest` what the GPU machine needs to run `tests`.
-
-    `site_packages` holds an installed vLLM (its `vllm/` folder); `dest` is
-    emptied first. The stage holds `vllm/` (the `EXTENSIONS` as `.so.xz`, the
-    `PYTHON_FILES`, a stub `__init__.py`), `tests/` (the given files),
-    `pytest.ini`, `bench/` (only if `bench`, the benchmark script, is given,
-    with the `bench_files` it reads beside it), the `archives` (`.tar.xz`
-    files unpacked beside `vllm/` there) and `MANIFEST.json` (the vLLM
-    version, each file's size and the total). `python_files` names the vLLM
-    Python files to copy (default `PYTHON_FILES`).
-    Compressed extensions come from `cache_dir` (see `xz_cached`).
-
-    Returns `dest`. Raises FileNotFoundError for a missing input and
-    ValueError when the stage and the `beside` bytes of working tree that
-    travel with it exceed `CARRY_LIMIT`.
+    """Write into `dest` (emptied first) what the GPU machine needs to run `tests`
+    from the vLLM installed in `site_packages`, plus `bench` and its `bench_files`,
+    the `archives` and `MANIFEST.json`; compressed extensions come from
+    `cache_dir`. Returns `dest`. Raises FileNotFoundError for a missing input and
+    ValueError when the stage and the `beside` bytes of working tree that travel
+    with it exceed `CARRY_LIMIT`.
     """
     pkg = site_packages / "vllm"
     version = vllm_version(site_packages)
@@ -222,17 +200,9 @@ def device_command(
     test_timeout_s: int = 300,
     bench_timeout_s: int = 420,
 ) -> str:
-    """The shell command that runs the stage at `stage_rel` on the GPU machine.
-
-    `stage_rel` is the stage's path relative to the repository root (where
-    the command starts). The command copies the stage to /tmp/gpustage,
-    decompresses the extensions, records the GPU and torch in
-    `$OUT/device.txt`, runs pytest over `tests/` with `--noconftest` and no
-    cache provider (junit XML in `$OUT/junit.xml`, log in `$OUT/pytest.log`)
-    and, with `bench`, the benchmark `bench/<script>` (`$OUT/bench.log`,
-    `$OUT/bench.json`). Without `tests` pytest is skipped. Each step runs
-    under `timeout`. The exit status is pytest's, or 3 when only the
-    benchmark failed.
+    """The shell command that runs the stage at `stage_rel` (relative to the
+    repository root) on the GPU machine, writing its results to `$OUT`. The exit
+    status is pytest's, or 3 when only the benchmark failed.
     """
     src = shlex.quote(stage_rel.rstrip("/") + "/.")
     steps = [
@@ -302,17 +272,10 @@ def compare_trees(
 
 
 def collect(files_dir: Path, dest: Path, base_failures: set[str] | None = None) -> str:
-    """Copy what one device run sent back into `dest`, whole or not at all;
-    summarise it.
-
-    `files_dir` is the folder the run's `$OUT` files came back to; it may
-    not be `dest` or hold it or lie inside it. The run must have left a
-    benchmark log or at least one `junit*.xml`, and every such XML must
-    parse; otherwise a PatchsetError says so and `dest` keeps the previous
-    run's files untouched. A good run replaces `dest` whole (written beside
-    it first), so no file of an earlier run stays to be counted. With both
-    `junit-pristine.xml` and `junit-patched.xml` (the engine stage), the
-    summary compares them (`compare_trees`).
+    """Copy what one device run sent back (`files_dir`, apart from `dest`) into
+    `dest`, whole or not at all; summarise it. A run without a benchmark log or a
+    `junit*.xml`, or with one that does not parse, raises PatchsetError and leaves
+    `dest` untouched.
     """
     src, out = files_dir.resolve(), dest.resolve()
     if src == out or out in src.parents or src in out.parents:
@@ -410,15 +373,10 @@ def _fatbin_section(data: bytes) -> tuple[int, int] | None:
 def sm90_only(library: bytes) -> bytes:
     """The shared library `library` with only SM90 device code.
 
-    Each CUDA fat binary in its `.nv_fatbin` section keeps its SM90 cubins
-    (sm_90 and sm_90a); one with none keeps its newest PTX up to compute_90
-    (the driver compiles it), and one with neither keeps its smallest
-    entry (its kernels cannot run on SM90 in any case, and a fat binary
-    with no entry would not register). Kept entries move to the front of
-    their fat binary, whose size field shrinks; the freed bytes become
-    zeros, which compress to nothing. Offsets, sizes and symbols of the
-    library stay as they were. A library with no fat binary is returned
-    unchanged.
+    Each fat binary keeps its SM90 cubins, else its newest PTX up to compute_90,
+    else its smallest entry (one with no entry would not register). Kept entries
+    move to the front, the freed bytes become zeros; offsets, sizes and symbols of
+    the library stay as they were.
     """
     section = _fatbin_section(library)
     if section is None:

@@ -2,27 +2,15 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Runs on the GPU machine: unpacks `gpu --engine`'s parts and runs vLLM there.
 
-This file travels in every part of the engine stage as `engine.py` and uses
-the standard library only (the machine has Python 3.12, torch, triton and no
-vLLM). Everything it unpacks goes under `ENGINE_ROOT` (/tmp/glm5engine), which
-lives only while the machine stays warm:
+Standard library only; travels in every part as `engine.py`. Everything goes
+under `ENGINE_ROOT` (/tmp/glm5engine), which lives only while the machine stays
+warm:
 
     python3 PART/engine.py unpack        # one call per part, in any order
     python3 PART/engine.py tests [ARGS]  # upstream's glm5next step, both trees
     python3 PART/engine.py run TREE -- CMD...   # any command on one tree
 
-`unpack` extracts its own part (`ext-*.xz` extensions into `ext/`, `*.tar.xz`
-archives into a folder of their stem, wheels into `wheels/`; pieces
-`NAME.I-of-N.split` of a file too large for one call are kept until all N
-are in, then joined and extracted as NAME) and records it.
-The other verbs first check that every part of `MANIFEST.json` was unpacked
-(a cold machine forgets them: run the sequence again), install the wheels
-with pip `--no-index --no-deps --target site/`, and build `tree-pristine/`
-(the wheel's Python files) and `tree-patched/` (those plus the series'
-files), each with the extensions linked in. `tests` runs `pytest -v -s
-models/glm5next` from the release's `tests/` folder once per tree, as
-upstream's `glm5next-unit-tests` step does, and writes `junit-<tree>.xml`,
-`pytest-<tree>.log`, `device.txt` and `summary.json` to `$OUT`.
+The other verbs first check that every part of `MANIFEST.json` was unpacked.
 """
 
 import json

@@ -2,27 +2,13 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`patchset gpu --engine`: vLLM itself, pristine and patched, for the GPU machine.
 
-The GPU machine has Python 3.12, torch 2.11, triton 3.6 and no vLLM, and takes
-64 MiB a call. The engine stage is cut into parts that each fit one call;
-unpacked in turn on one warm machine (`gpu_device.py`, which travels in every
-part as `engine.py`), they make vLLM importable there:
-
-* `ext-*.xz`: every compiled extension of the installed wheel with only its
-  SM90 device code (`gpu.sm90_only`), stripped and xz-compressed (cached by
-  content);
-* `vllm-py.tar.xz`: the wheel's Python files and dist-info (pristine);
-* `vllm-patched.tar.xz`: the files the series changes, as the patched tree
-  has them;
-* `src.tar.xz`: the release's `tests/` and `pyproject.toml` with the
-  series' test files added, so upstream's step runs as its CI runs it;
-* `flashinfer.tar.xz` (primary base): FlashInfer's SM90 MLA modules
-  (`gpu_flashinfer`);
-* the cp312 wheels of `WHEELS`, at the versions the base's environment has:
-  the packages vLLM's engine and upstream's conftest import that the
-  machine's image lacks.
-
-An item larger than one call (the CuTe DSL's cu13 wheel, 92 MB) travels in
-pieces (`split`) that the device script joins.
+The GPU machine has Python 3.12, torch and no vLLM, and takes 64 MiB a call, so
+the engine stage is cut into parts that each fit one call (an item larger than
+one call travels in `split` pieces). Unpacked in turn on one warm machine by
+`gpu_device.py` (in every part as `engine.py`), they make vLLM importable there:
+the wheel's SM90-only extensions (`ext-*.xz`), its Python files pristine and
+patched, the release's tests, FlashInfer's SM90 MLA modules (primary base) and
+the cp312 wheels of `WHEELS`.
 """
 
 import hashlib

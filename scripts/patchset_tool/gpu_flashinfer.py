@@ -2,24 +2,11 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """FlashInfer's SM90 MLA kernels, packed for a GPU machine without FlashInfer.
 
-FLASHINFER_MLA_SPARSE_SM90 runs FlashInfer's `BatchMLAPagedAttentionWrapper`
-(backend `fa3`), whose kernels FlashInfer JIT-compiles on first use. The wheel
-installs as ~740 MiB and its top-level import needs packages the GPU machine
-lacks (CUTLASS DSL, cuda-tile, nccl4py, cudnn-frontend), so the archive made
-here holds only what that wrapper needs:
-
-* the FlashInfer Python files of the packages `flashinfer.mla` loads
-  (`PACKAGES`), with a top-level `__init__.py` that imports nothing else
-  and a `cute_dsl/__init__.py` that imports no GEMM package (`STUBS`);
-* the two SM90 MLA modules the backend uses at GLM's geometry (BF16 and E4M3
-  caches, `head_dim_ckv=512`, `head_dim_kpe=0`), compiled here with nvcc for
-  sm_90a through FlashInfer's own JIT and placed where FlashInfer looks for
-  ahead-of-time modules, so nothing is compiled there;
-* `tvm_ffi` (FlashInfer's binding layer) from the cp312 wheel of the version
-  installed beside FlashInfer, since the GPU machine runs Python 3.12.
-
-The archive is cached by its inputs (FlashInfer's and tvm-ffi's versions and
-this module's build script).
+FlashInfer's top-level import needs packages the GPU machine lacks, so the
+archive holds only what `BatchMLAPagedAttentionWrapper` (backend `fa3`) needs:
+the Python files of `PACKAGES` with import-free stubs (`STUBS`), the two SM90
+MLA modules GLM's geometry uses, compiled here ahead of time, and `tvm_ffi`
+from its cp312 wheel. The archive is cached by its inputs.
 """
 
 import hashlib

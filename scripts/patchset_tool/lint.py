@@ -2,24 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Lint the overlays, the tests and the tool the way vLLM lints.
 
-Checks, each run with the given Python's own tools:
-
-* `ruff check` and `ruff format --diff` over vllm_overlay/, tests/, scripts/;
-* mypy for Python 3.11: each base's overlay inside that base's patched tree
-  (a full copy of the `vllm` package, so imports resolve to the patched
-  code), its files grouped by `group_files()` of that base's own
-  tools/pre_commit/mypy.py (from the release's sdist): the default group at
-  the configured `follow_imports = "silent"`, every other group with
-  `--follow-imports skip`, as upstream's hook runs them; for the overlay,
-  site-packages are not searched, as in upstream's isolated hook
-  environment (which has mypy, pydantic and type stubs, not torch);
-  scripts/ and the tool's tests at the configured setting;
-* typos (the binary that the `typos` PyPI package puts next to python).
-
-The SPDX header and test tethering are upstream's own scripts
-(`upstream_checks.py`).
-
-Settings come from the repository's pyproject.toml.
+`ruff check`, `ruff format --diff`, mypy (each overlay inside its base's patched
+tree, grouped as that base's tools/pre_commit/mypy.py groups it) and typos, each
+run with the given Python's own tools; settings come from pyproject.toml.
 
 Usage: python -m patchset_tool.lint [--python PY] [--only CHECK ...]
 """

@@ -1,31 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The directories and files the tool writes: whose they are, who writes
-them now, and whether what is on disk is what was written.
+them now, and whether what is on disk is what was written (README, Safety).
 
-- Ownership, one rule for every command (`claim_folder`, `claim_file`):
-  the tool writes only into what it made, and refuses, before anything
-  is written, with one line:
-  - a target inside a Python installation at any depth, after following
-    every symlink: below a site-packages or dist-packages folder, in a venv
-    (`pyvenv.cfg`) or conda environment (`conda-meta`), or below a folder
-    holding an installed distribution (`*.dist-info`, `*.egg-info`,
-    `vllm/_version.py`: the folder of a `pip install --target`);
-  - a target that is itself a symlink;
-  - an existing folder that is not empty and does not hold the marker
-    of a tree of the same kind the tool made;
-  - an existing file the tool did not record writing (`record_file`), or
-    that changed since.
-- Staging (`staging`, `remove_stale`): work in progress lives in a hidden
-  folder beside the target, made fresh (a unique name), marked and locked
-  by its run; a later run removes only such marked folders no live run
-  holds, never a name that merely looks like one.
-- Locking: one `flock` per tree, on a hidden lock file beside it, held
-  for the whole of a write; a second run waits, saying so.
-- Content: a manifest of every file (sha256, or a link's target) is
-  written last into the tree; a tree whose files do not match it (or
-  whose manifest cannot be read) is not "up to date", whatever its stamp
-  says.
+A Python installation is found at any depth, symlinks followed: below a
+site-packages or dist-packages folder, in a venv (`pyvenv.cfg`) or conda
+environment (`conda-meta`), or below a folder holding `*.dist-info`,
+`*.egg-info` or `vllm/_version.py`. An existing file is refused unless the
+tool recorded writing it (`record_file`) and it has not changed since. A
+later run removes only marked staging folders that no live run holds. A tree
+whose files do not match its manifest, or whose manifest cannot be read, is
+not up to date, whatever its stamp says.
 """
 
 import contextlib

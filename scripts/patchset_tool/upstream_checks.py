@@ -2,25 +2,13 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Upstream's own pre-commit checks, run over this repository.
 
-vLLM's `tools/pre_commit/check_test_tethering.py` and `check_spdx_header.py`
-are taken from the primary base's release source (the cached sdist history,
-`upstream.release_history()`), not reimplemented. Both expect vLLM's layout,
-so they run in a scratch tree that shows this repository the way upstream
-would hold it:
-
-* `.buildkite/`: the base's own (so an upstream test file the series
-  changes counts as run by the upstream step that runs it today), with this
-  repository's `ci/test_areas/` laid over its `test_areas/`;
-* `tests/`: this repository's `tests/` with every base's model tests
-  (`vllm_overlay/<version>/tests/`) laid over it;
-* `tools/pre_commit/test_tethering_allowlist.txt`:
-  `ci/test_tethering_allowlist.txt` (upstream's format: `path  # reason`).
-
-The tree is a fresh git repository, so the tethering script's
-`git ls-files tests/` lists exactly those files. The SPDX script (which
-adds a missing header in place) runs on copies, so nothing here is edited;
-an extension-less Python script (`scripts/patchset`) is copied with a `.py`
-suffix, since upstream's script tells the comment style by the suffix.
+vLLM's `check_test_tethering.py` and `check_spdx_header.py` are taken from the
+primary base's release source, not reimplemented, and run in a scratch git
+repository that holds this repository as upstream would: the base's
+`.buildkite/` with `ci/test_areas/` laid over, `tests/` with every base's model
+tests laid over, and `ci/test_tethering_allowlist.txt` as upstream's allowlist.
+The SPDX script runs on copies (it edits in place); an extension-less script
+gets a `.py` suffix, since upstream's script tells the comment style by it.
 """
 
 import shutil

@@ -2,22 +2,11 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`patchset build`: one pip-installable vLLM wheel with a base's series.
 
-The wheel starts from the base's own upstream wheel, fetched once through
-pip (so pip's index configuration, certificates and proxies apply; no
-registry is named here), checked against the index's sha256 and kept in
-the cache. The series is applied to the Python files it touches with the
-same checks as `apply`: every base file must match the upstream wheel's
-RECORD, the patches apply all or nothing, and the result must equal the
-base's overlay. Every other member, compiled extensions included, is
-copied byte for byte, still compressed (see zipcopy.py); the WHEEL file and
-the platform tags are kept.
-
-The result is vLLM `<base>+glm5next.<series id>`: the dist-info folder is
-renamed to match, METADATA changes only in its `Version:` line (the
-dependencies stay the base's), `vllm/glm5next_series.json` names the
-series, and RECORD is regenerated from the bytes written. The wheel is
-written to a hidden file in dist/ and renamed into place at the end, so a
-failure leaves nothing there.
+The base's upstream wheel (fetched through pip, sha256-checked, cached) gets
+the series applied to the Python files it touches with `apply`'s checks; every
+other member is copied byte for byte (zipcopy.py). The result is vLLM
+`<base>+glm5next.<series id>`, with `vllm/glm5next_series.json` naming the
+series and RECORD regenerated; it is renamed into dist/ at the end.
 """
 
 import contextlib

@@ -3,23 +3,9 @@
 """The developer loop, as in quilt: a git work tree, `refresh N`, and
 `rebase --onto VERSION` to port the series to another release.
 
-`worktree` makes a git clone of the release history (the sdists, with
-tests/, tools/ and .buildkite/) at the base's tag, tagged `patchset-base`
-after proving the files the series touches equal the installed wheel's
-RECORD, and applies the base's series on top, one commit per patch.
-
-`refresh N` folds the uncommitted edits into commit N, regenerates patch N
-and every later patch (their context may move) keeping each header, and
-copies the result into the base's overlay. A work tree records which state
-of the series its commits hold (`.git/patchset-series`); `worktree` and
-`refresh` refuse one whose series has changed since, so that stale commits
-never overwrite newer patches.
-
-`rebase --onto` applies the series of an older base at its own tag and
-three-way merges each commit onto the new base's tag, as `git rebase`
-does. A conflict stops in the work tree, naming the patch, file and
-hunks; once the maintainer resolves it and finishes the rebase, `refresh`
-writes the new base's series and overlay.
+A work tree records which state of the series its commits hold
+(`.git/patchset-series`); `worktree` and `refresh` refuse one whose series has
+changed since, so that stale commits never overwrite newer patches.
 """
 
 import os

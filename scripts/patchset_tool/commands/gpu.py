@@ -9,7 +9,7 @@ from .. import envmgr, gpu, gpu_engine, gpu_stage, runner
 from ..errors import PatchsetError
 from ..junit import read_node_list
 from ..series import Series
-from .options import Subparsers, chosen_base, command_parser, path_option
+from .options import Subparsers, chosen_base, command_parser, flag, path_option
 
 HELP = (
     "stage the SM90 tests (--bench: a benchmark; --engine: vLLM itself) for "
@@ -31,14 +31,12 @@ def register(subparsers: Subparsers) -> None:
             "online-quantization linear benchmark alone"
         ),
     )
-    parser.add_argument(
+    flag(
+        parser,
         "--engine",
-        action="store_true",
-        help=(
-            "stage vLLM itself, pristine and patched, in parts of one call each "
-            "(SM90-only extensions, FlashInfer's SM90 MLA, the cp312 wheels the "
-            "machine lacks) and upstream's glm5next step to run on both"
-        ),
+        "stage vLLM itself, pristine and patched, in parts of one call each "
+        "(SM90-only extensions, FlashInfer's SM90 MLA, the cp312 wheels the "
+        "machine lacks) and upstream's glm5next step to run on both",
     )
     path_option(
         parser, "--collect", "copy a device run's $OUT into build/gpu/results-<V>"
@@ -56,8 +54,7 @@ def run(args: argparse.Namespace) -> int:
         print(report)
         return 1 if "departures:" in report else 0
     if args.engine and args.bench:
-        parser_error = "--engine and --bench stage different things: name one"
-        raise PatchsetError(parser_error)
+        raise PatchsetError("--engine and --bench stage different things: name one")
     envmgr.setup(base)
     runner.ensure_patched_tree(base)
     if args.engine:
