@@ -279,6 +279,7 @@ def _layer_selection(
     import torch
 
     from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.attention import mla_attention
     from vllm.model_executor.layers.attention.mla_attention import (
         _canonicalize_sparse_mla_kv_cache_dtype,
     )
@@ -312,6 +313,11 @@ def _layer_selection(
     if use_mla:
         canonical = _canonicalize_sparse_mla_kv_cache_dtype(backend, kv_cache_dtype)
         if canonical != kv_cache_dtype:
+            # Patch 0002's step of MLAAttention.__init__, where the tree has it.
+            keep = getattr(mla_attention, "_keep_draft_kv_cache_dtype", None)
+            if keep is not None:
+                with set_current_vllm_config(vllm_config):
+                    keep(kv_cache_dtype)
             cache_config.cache_dtype = kv_cache_dtype = canonical
     return f"{backend.get_name()}/{kv_cache_dtype}"
 

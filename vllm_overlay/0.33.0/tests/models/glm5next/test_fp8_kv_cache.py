@@ -13,7 +13,10 @@ import torch
 from vllm.config import set_current_vllm_config
 from vllm.model_executor.layers.attention import mla_attention
 from vllm.platforms import current_platform
-from vllm.utils.flashinfer import has_flashinfer_sm90_nope_mla
+from vllm.utils.flashinfer import (
+    has_flashinfer_sm90_nope_mla,
+    has_flashinfer_sparse_mla_sm120,
+)
 from vllm.utils.torch_utils import set_default_torch_dtype
 
 pytestmark = pytest.mark.skipif(
@@ -151,6 +154,9 @@ def test_fp8_at_head_size_576_has_no_nope_warning(glm_mla_layer):
     assert (layer.kv_cache_dtype, warnings) == ("fp8_ds_mla", [])
 
 
+@pytest.mark.skipif(
+    not has_flashinfer_sparse_mla_sm120(), reason="FlashInfer's SM120 sparse MLA"
+)
 def test_fp8_on_sm120_has_no_hopper_warning(glm_mla_layer):
     """SM120's sparse backend stored fp8 as fp8_ds_mla before."""
     layer, warnings = glm_mla_layer(sm=120, kv_cache_dtype="fp8")
