@@ -240,9 +240,8 @@ class CacheConfig:
     CUDA 11.8+ supports fp8 (=fp8_e4m3) and fp8_e5m2. On Hopper, sparse MLA
     models store fp8 in DeepSeek's fp8_ds_mla rows (FLASHMLA_SPARSE), and
     fp8_e4m3 too for NoPE models (head size 512); --attention-backend
-    FLASHINFER_MLA_SPARSE_SM90 keeps per-tensor rows. ROCm (AMD GPU) supports
-    fp8
-    (=fp8_e4m3). Intel Gaudi (HPU) supports fp8 (using fp8_inc).
+    FLASHINFER_MLA_SPARSE_SM90 keeps per-tensor rows. ROCm (AMD GPU)
+    supports fp8 (=fp8_e4m3). Intel Gaudi (HPU) supports fp8 (using fp8_inc).
     Some models (namely DeepSeekV3.2) default to fp8, set to bfloat16 to use
     bfloat16 instead, this is an invalid option for models that do not default
     to fp8.
