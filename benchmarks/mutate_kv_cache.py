@@ -44,7 +44,6 @@ MLA = "vllm/model_executor/layers/attention/mla_attention.py"
 CONFIG = "vllm/config/vllm.py"
 QUANTIZED = "kv_cache_dtype is not None and is_quantized_kv_cache(kv_cache_dtype)"
 NAMED_FLASHMLA = 'self.attn_backend.get_name() == "FLASHMLA_SPARSE"\n'
-CONVERTS = 'converts = kv_cache_dtype not in (None, "fp8_ds_mla")'
 MTP_BACKEND = (
     'backend.get_class().supports_kv_cache_dtype(\n        "fp8_ds_mla"\n    )'
 )
@@ -55,8 +54,8 @@ MUTATIONS: dict[int, tuple[str, str, str]] = {
     2: (CUDA, "head_size == 512 and not (", "not ("),
     3: (SPARSE, '        "fp8_e4m3",  # alias', "        # alias"),
     4: (SPARSE, "            if device_capability.major == 9:", "            if True:"),
-    5: (SPARSE, "                    converts\n", "                    False\n"),
-    6: (SPARSE, CONVERTS, "converts = True"),
+    5: (SPARSE, "and (reason := _mtp_drafter", "and False and (reason := _mtp_drafter"),
+    6: (SPARSE, '                    and kv_cache_dtype != "fp8_ds_mla"\n', ""),
     7: (SPARSE, 'spec.method != "mtp"', 'spec.method == "mtp"'),
     8: (SPARSE, MTP_BACKEND, "False"),
     9: (SPARSE, 'if spec.kv_cache_dtype not in (None, "fp8_ds_mla"):', "if False:"),

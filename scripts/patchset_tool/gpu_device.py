@@ -44,9 +44,8 @@ def fail(message: str) -> None:
 def unpack(part: Path, root: Path) -> None:
     """Extract `part` into `root` and record it in `root/.parts/`."""
     started = time.time()
-    for src in sorted(part.iterdir()):
-        if src.name.endswith(".split"):
-            src = join(src, root)
+    for item in sorted(part.iterdir()):
+        src = join(item, root) if item.name.endswith(".split") else item
         if src is not None:
             unpack_file(src, root)
     (root / ".parts").mkdir(parents=True, exist_ok=True)

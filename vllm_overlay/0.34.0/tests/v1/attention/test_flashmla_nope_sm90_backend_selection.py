@@ -312,11 +312,11 @@ def test_nope_512_mtp_drafter_must_share_fp8_ds_mla_rows(
     store those rows; the engine then keeps FlashInfer's per-tensor rows."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    spec = {"method": "mtp", "attention_backend": None, "kv_cache_dtype": None}
-    spec |= drafter
-    if spec["attention_backend"] is not None:
-        spec["attention_backend"] = AttentionBackendEnum[spec["attention_backend"]]
-    rope_free_model.speculative_config = SimpleNamespace(**spec)
+    spec = {"method": "mtp", "kv_cache_dtype": None} | drafter
+    backend = spec.pop("attention_backend", None)
+    rope_free_model.speculative_config = SimpleNamespace(
+        **spec, attention_backend=backend and AttentionBackendEnum[backend]
+    )
     reason = _supports_combination(512, kv_cache_dtype, SM90)
     assert (reason is not None) == refused, reason
 

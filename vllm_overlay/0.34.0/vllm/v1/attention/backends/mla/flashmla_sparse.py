@@ -245,9 +245,9 @@ class FlashMLASparseBackend(AttentionBackend):
                             "FLASHMLA_SPARSE supports head_size 512 only for "
                             "rope-free (NoPE) models"
                         )
-                converts = kv_cache_dtype not in (None, "fp8_ds_mla")
                 if (
-                    converts
+                    kv_cache_dtype is not None
+                    and kv_cache_dtype != "fp8_ds_mla"
                     and is_quantized_kv_cache(kv_cache_dtype)
                     and (reason := _mtp_drafter_cannot_share(vllm_config))
                 ):
