@@ -169,8 +169,9 @@ def workspace_bytes(real_impl: type, kwargs: dict[str, Any]) -> int:
         mock.patch("torch.accelerator.current_device_index", lambda: 0),
     ):
         real_impl(**kwargs)
+    align = getattr(workspace, "_VIEW_ALIGNMENT", 1)  # 0.33.0 does not align
     return sum(
-        round_up(workspace._compute_bytes(shape, dtype), workspace._VIEW_ALIGNMENT)
+        round_up(workspace._compute_bytes(shape, dtype), align)
         for shape, dtype in asked
     )
 
