@@ -8,10 +8,8 @@ selection contract only (no GPU required):
 
 * ``get_supported_head_sizes`` advertises 512 so the backend is a candidate;
 * ``supports_combination`` admits 512 only for rope-free models on SM90, with
-  a bf16 cache or a quantized one stored as fp8_ds_mla (zero RoPE slot),
-  unless an MTP drafter cannot share those rows, and rejects everything else;
-* on SM90 the 512 order puts FLASHINFER_MLA_SPARSE_SM90 first for a bf16
-  cache and FLASHMLA_SPARSE for a quantized one, as at 576;
+  a bf16 cache or a quantized one stored as fp8_ds_mla (zero RoPE slot) that
+  an MTP drafter can share, and rejects everything else;
 * adding 512 must NOT reorder the SM100 priority list for bf16, which is why
   the bf16 arm is restricted to SM90.
 """
@@ -69,14 +67,16 @@ def rope_free_model(monkeypatch):
     """Patch get_current_vllm_config so the model looks like GLM5Next NoPE."""
     import vllm.config as cfg
 
-    config = SimpleNamespace(
-        model_config=SimpleNamespace(
-            hf_text_config=SimpleNamespace(qk_rope_head_dim=0)
+    monkeypatch.setattr(
+        cfg,
+        "get_current_vllm_config",
+        lambda: SimpleNamespace(
+            model_config=SimpleNamespace(
+                hf_text_config=SimpleNamespace(qk_rope_head_dim=0)
+            ),
+            speculative_config=None,
         ),
-        speculative_config=None,
     )
-    monkeypatch.setattr(cfg, "get_current_vllm_config", lambda: config)
-    return config
 
 
 @pytest.fixture
@@ -268,75 +268,38 @@ def test_sm100_576_priority_unchanged():
     assert order[0] == "FLASHMLA_SPARSE", order
 
 
-@pytest.mark.parametrize(
-    ("head_size", "kv_cache_dtype", "first"),
-    [
-        (512, "auto", "FLASHINFER_MLA_SPARSE_SM90"),
-        (512, "bfloat16", "FLASHINFER_MLA_SPARSE_SM90"),
-        (512, "fp8", "FLASHMLA_SPARSE"),
-        (512, "fp8_e4m3", "FLASHMLA_SPARSE"),
-        (576, "auto", "FLASHMLA_SPARSE"),
-    ],
-)
-def test_sm90_sparse_order_keyed_on_quantized_cache(head_size, kv_cache_dtype, first):
-    order = _sparse_order(kv_cache_dtype, head_size, num_heads=64, capability=SM90)
-    assert [b for b in order if b != "FLASH_ATTN_MLA_SPARSE"][0] == first, order
+# MTP drafter's attention_backend and kv_cache_dtype, cache dtype: refused
+MTP_DRAFTERS = {
+    "drafter-on-flashinfer": ("FLASHINFER_MLA_SPARSE_SM90", None, "fp8", True),
+    "drafter-own-dtype": (None, "fp8", "fp8_e4m3", True),
+    "drafter-on-flashmla": ("FLASHMLA_SPARSE", None, "fp8", False),
+    "drafter-naming-fp8_ds_mla": (None, "fp8_ds_mla", "fp8", False),
+    "explicit-fp8_ds_mla": ("FLASHINFER_MLA_SPARSE_SM90", None, "fp8_ds_mla", False),
+    "bf16-cache": (None, "fp8", "auto", False),
+}
 
 
+@pytest.mark.parametrize("method", ["mtp", "eagle3"])
 @pytest.mark.parametrize(
-    ("kv_cache_dtype", "drafter", "refused"),
-    [
-        ("fp8", {"attention_backend": "FLASHINFER_MLA_SPARSE_SM90"}, True),
-        ("fp8_e4m3", {"kv_cache_dtype": "fp8"}, True),
-        ("fp8", {"attention_backend": "FLASHMLA_SPARSE"}, False),
-        ("fp8", {"kv_cache_dtype": "fp8_ds_mla"}, False),
-        ("fp8_ds_mla", {"attention_backend": "FLASHINFER_MLA_SPARSE_SM90"}, False),
-        ("auto", {"kv_cache_dtype": "fp8"}, False),
-        ("fp8", {"method": "eagle3", "kv_cache_dtype": "fp8"}, False),
-    ],
-    ids=[
-        "drafter-on-flashinfer",
-        "drafter-own-dtype",
-        "drafter-on-flashmla",
-        "drafter-naming-fp8_ds_mla",
-        "explicit-fp8_ds_mla",
-        "bf16-cache",
-        "eagle3-drafter",
-    ],
+    ("backend", "draft_dtype", "kv_cache_dtype", "refused"),
+    list(MTP_DRAFTERS.values()),
+    ids=list(MTP_DRAFTERS),
 )
-def test_nope_512_mtp_drafter_must_share_fp8_ds_mla_rows(
-    kv_cache_dtype, drafter, refused, rope_free_model
+def test_nope_512_refused_where_mtp_drafter_cannot_share_fp8_ds_mla(
+    method, backend, draft_dtype, kv_cache_dtype, refused, monkeypatch
 ):
-    """A quantized cache that FLASHMLA_SPARSE turns into fp8_ds_mla is refused
-    where the MTP drafter, which shares the target's cache config, cannot
-    store those rows; the engine then keeps FlashInfer's per-tensor rows."""
+    import vllm.config as cfg
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    spec = {"method": "mtp", "kv_cache_dtype": None} | drafter
-    backend = spec.pop("attention_backend", None)
-    rope_free_model.speculative_config = SimpleNamespace(
-        **spec, attention_backend=backend and AttentionBackendEnum[backend]
+    backend = backend and AttentionBackendEnum[backend]
+    spec = SimpleNamespace(
+        method=method, kv_cache_dtype=draft_dtype, attention_backend=backend
     )
+    model = SimpleNamespace(hf_text_config=SimpleNamespace(qk_rope_head_dim=0))
+    config = SimpleNamespace(model_config=model, speculative_config=spec)
+    monkeypatch.setattr(cfg, "get_current_vllm_config", lambda: config)
     reason = _supports_combination(512, kv_cache_dtype, SM90)
-    assert (reason is not None) == refused, reason
-
-
-@pytest.mark.parametrize("capability", [SM90, SM100], ids=["sm90", "sm100"])
-def test_576_fp8_e4m3_stays_with_per_tensor_backends(capability):
-    reasons = FlashMLASparseBackend.validate_configuration(
-        head_size=576,
-        dtype=torch.bfloat16,
-        kv_cache_dtype="fp8_e4m3",
-        block_size=64,
-        use_mla=True,
-        has_sink=False,
-        use_sparse=True,
-        use_mm_prefix=False,
-        use_per_head_quant_scales=False,
-        device_capability=capability,
-        attn_type="decoder",
-    )
-    assert reasons
+    assert (reason is not None) == (refused and method == "mtp"), reason
 
 
 @pytest.mark.skipif(not current_platform.is_cuda(), reason="Requires CUDA backends")
