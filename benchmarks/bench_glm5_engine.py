@@ -40,9 +40,9 @@ Phases:
 * `capacity`: eager starts; per run the backend and cache dtype of every
   target and drafter layer (from the worker), "Model loading took",
   "KV cache size" and "Maximum concurrency for 32,768 tokens".
-* `perf`: CUDA graphs on (capture sizes up to 2 x 64); the measurement of
-  `vllm bench latency` through `vllm.LLM` (random token ids, temperature
-  1.0, `ignore_eos`): at concurrency 1, 16 and 64 the latency of a batch
+* `perf`: CUDA graphs on (capture sizes up to 2 x 64; `--eager`: off); the
+  measurement of `vllm bench latency` through `vllm.LLM` (random token
+  ids, temperature 1.0, `ignore_eos`): at concurrency 1, 16 and 64 the latency of a batch
   with 1 output token (TTFT) and with `--out` tokens; TPOT = (L_out - L_1)
   / (out - 1), output throughput = concurrency x out / L_out, and MTP's
   acceptance from the engine's spec-decode counters over the timed runs.
@@ -61,6 +61,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -128,7 +129,7 @@ def engine_kwargs(spec: dict, model_dir: str) -> dict:
     }
     if spec["mtp"]:
         kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": 1}
-    if spec["phase"] == "perf":
+    if spec["phase"] == "perf" and not spec["eager"]:
         sizes = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128]
         kwargs["compilation_config"] = {"cudagraph_capture_sizes": sizes}
     else:
@@ -279,11 +280,16 @@ def run_one(spec: dict, stage: Path, out: Path, timeout_s: int) -> dict:
         log.write(f"\n===== {json.dumps(spec)}\n")
         log.flush()
         offset = log.tell()
+        # Its own session, so a timeout also ends the engine core it started
+        # (left running, it would hold the GPU's memory for the next run).
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
-            rc = subprocess.run(
-                cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s
-            ).returncode
+            rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             rc = 124
     with open(log_path, errors="replace") as log:
         log.seek(offset)
@@ -378,6 +384,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--experts", type=int, default=64)
     parser.add_argument("--kv-gib", type=float, default=40.0)
     parser.add_argument("--no-mtp", action="store_true")
+    parser.add_argument("--eager", action="store_true", help="perf without graphs")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--in", dest="in_len", type=int, default=2048)
     parser.add_argument("--out", dest="out_len", type=int, default=256)
@@ -408,6 +415,7 @@ def main(argv: list[str]) -> int:
             "tree": tree, "path": path, "phase": args.phase,
             "geometry": args.geometry, "experts": args.experts,
             "kv_gib": args.kv_gib, "mtp": not args.no_mtp, "reps": args.reps,
+            "eager": args.eager,
             "in": args.in_len, "out": args.out_len, "targets": args.targets,
         }  # fmt: skip
         row = run_one(spec, args.stage.resolve(), out, args.timeout)
