@@ -42,11 +42,12 @@ Phases:
   "KV cache size" and "Maximum concurrency for 32,768 tokens".
 * `perf`: CUDA graphs on (capture sizes up to 2 x 64; `--eager`: off); the
   measurement of `vllm bench latency` through `vllm.LLM` (random token
-  ids, temperature 1.0, `ignore_eos`): at concurrency 1, 16 and 64 the latency of a batch
-  with 1 output token (TTFT) and with `--out` tokens; TPOT = (L_out - L_1)
-  / (out - 1), output throughput = concurrency x out / L_out, and MTP's
-  acceptance from the engine's spec-decode counters over the timed runs.
-  `--reps` repetitions, the concurrencies interleaved within a repetition.
+  ids, temperature 1.0, `ignore_eos`): at concurrency 1, 16 and 64 the
+  latency of a batch with 1 output token (TTFT) and with `--out` tokens;
+  TPOT = (L_out - L_1) / (out - 1), output throughput = concurrency x out
+  / L_out, and MTP's acceptance from the engine's spec-decode counters
+  over the timed runs. `--reps` repetitions, the concurrencies interleaved
+  within a repetition.
 * `quant`: patch 0001 in the engine: BF16 dummy weights with
   `--quantization online` and a `targets` regex (`--targets`), eager, no
   MTP; the "Quantizing N layers" line.
