@@ -11,8 +11,8 @@ build/0.34.0/test-checkout-patched re-applied with the current patches (never
 that folder itself: the test command resets it). Mutation 0 is none (the
 baseline). Each mutation replaces one text, which must occur exactly once,
 runs the three test files of the rules from CHECKOUT/tests as the test command's
-emulated SM90 host part does (and, for vllm/config, on the plain CPU host too),
-and restores the file with `git checkout`. One line of JSON per run goes to
+emulated SM90 host part does (the baseline on the plain CPU host too), and
+restores the file with `git checkout`. One line of JSON per run goes to
 stdout and to --out; `killed_by` is the failed tests less those the base's
 expected-sm90-failures.txt / expected-cpu-failures.txt list (they fail on
 that host with or without the series).
@@ -41,17 +41,19 @@ TESTS = [
 CUDA = "vllm/platforms/cuda.py"
 SPARSE = "vllm/v1/attention/backends/mla/flashmla_sparse.py"
 MLA = "vllm/model_executor/layers/attention/mla_attention.py"
-CONFIG = "vllm/config/vllm.py"
 QUANTIZED = "kv_cache_dtype is not None and is_quantized_kv_cache(kv_cache_dtype)"
 NAMED_FLASHMLA = 'self.attn_backend.get_name() == "FLASHMLA_SPARSE"\n'
+DRAFT_IF = "        if normalized_kv_cache_dtype != kv_cache_dtype:\n"
+DRAFT_CALL = DRAFT_IF + "            _keep_draft_kv_cache_dtype(kv_cache_dtype)\n"
+DRAFT_FIRST = "        _keep_draft_kv_cache_dtype(kv_cache_dtype)\n" + DRAFT_IF
 MTP_BACKEND = (
     'backend.get_class().supports_kv_cache_dtype(\n        "fp8_ds_mla"\n    )'
 )
 
-# (file, old text, new text): patch 0003 (1-12), then patch 0002 (13-19).
+# (file, old text, new text): patch 0003 (1-12, 19), then patch 0002 (13-18);
+# 2, upstream's head-size test of the order the patch extends, was taken out.
 MUTATIONS: dict[int, tuple[str, str, str]] = {
     1: (CUDA, f" and not (\n                {QUANTIZED}\n            ):", ":"),
-    2: (CUDA, "head_size == 512 and not (", "not ("),
     3: (SPARSE, '        "fp8_e4m3",  # alias', "        # alias"),
     4: (SPARSE, "            if device_capability.major == 9:", "            if True:"),
     5: (SPARSE, "and (reason := _mtp_drafter", "and False and (reason := _mtp_drafter"),
@@ -66,15 +68,12 @@ MUTATIONS: dict[int, tuple[str, str, str]] = {
         '                (\n                    "--kv',
     ),
     12: (MLA, "and self.head_size == 512\n            ):", "and True\n            ):"),
-    13: (CONFIG, "        self._keep_draft_kv_cache_dtype()\n", ""),
-    14: (CONFIG, "            or spec.kv_cache_dtype is not None\n", ""),
-    16: (CONFIG, "            or spec.draft_model_config.use_mla\n", ""),
-    17: (CONFIG, '"index_topk", None) is None', '"index_topk", None) is False'),
-    18: (
-        CONFIG,
-        "            or not is_quantized_kv_cache(self.cache_config.cache_dtype)\n",
-        "",
-    ),
+    13: (MLA, "            _keep_draft_kv_cache_dtype(kv_cache_dtype)\n", ""),
+    14: (MLA, "        and spec.kv_cache_dtype is None\n", ""),
+    15: (MLA, "        spec is not None\n        and", "        True\n        and"),
+    16: (MLA, "        and not spec.draft_model_config.use_mla\n", ""),
+    17: (MLA, "        and spec.draft_model_config is not None\n", ""),
+    18: (MLA, DRAFT_CALL, DRAFT_FIRST),
     19: (
         MLA,
         NAMED_FLASHMLA + "                and self.head_size",
@@ -152,7 +151,7 @@ def main() -> None:
     for number in args.only:
         rel, line = mutate(checkout, number) if number else ("-", 0)
         try:
-            hosts = [True, False] if number == 0 or rel == CONFIG else [True]
+            hosts = [True, False] if number == 0 else [True]
             for sm90 in hosts:
                 result = {"mutation": number, "at": f"{rel}:{line}"}
                 result |= run_tests(checkout, base, sm90)
