@@ -81,8 +81,9 @@ def glm_mla_selection(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3"])
 def test_quantized_cache_stores_fp8_ds_mla_rows(glm_mla_selection, kv_cache_dtype):
-    backend, stored, (warning,) = glm_mla_selection(kv_cache_dtype=kv_cache_dtype)
+    backend, stored, warnings = glm_mla_selection(kv_cache_dtype=kv_cache_dtype)
     assert (backend, stored) == ("FLASHMLA_SPARSE", "fp8_ds_mla")
+    (warning,) = warnings
     assert f"--kv-cache-dtype {kv_cache_dtype} " in warning
     assert "--attention-backend FLASHINFER_MLA_SPARSE_SM90 keeps" in warning
 
