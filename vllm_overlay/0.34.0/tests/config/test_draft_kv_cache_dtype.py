@@ -6,6 +6,7 @@ cache config they share."""
 
 import json
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -84,7 +85,7 @@ def test_draft_model_keeps_fp8_when_the_target_writes_fp8_ds_mla(build_target):
 
 
 # build_target's arguments: the drafter's own kv_cache_dtype afterwards
-OTHER_DRAFTERS = {
+OTHER_DRAFTERS: dict[str, tuple[dict[str, Any], str | None]] = {
     "draft-names-auto": ({"kv_cache_dtype": "auto"}, "auto"),
     "bf16-cache": ({"cache": "auto"}, None),
     "mtp": ({"method": "mtp", "model": None}, None),

@@ -42,16 +42,16 @@ def glm_mla_selection(tmp_path, monkeypatch):
         capability = DeviceCapability(9, 0)
         get_device_capability = classmethod(lambda cls, device_id=0: cls.capability)
 
+    def warning_once(msg: str, *args) -> None:
+        if "fp8_ds_mla" in msg:
+            warnings.append(msg % args)
+
     monkeypatch.setattr("vllm.platforms._current_platform", Gpu())
     for name in ("FLASHMLA_SPARSE", FLASHINFER, SM120):
         backend = AttentionBackendEnum[name].get_class()
         monkeypatch.setattr(backend, "get_impl_cls", lambda: _NoGpuImpl)
     warnings: list[str] = []
-    monkeypatch.setattr(
-        mla_attention.logger,
-        "warning_once",
-        lambda msg, *args: "fp8_ds_mla" in msg and warnings.append(msg % args),
-    )
+    monkeypatch.setattr(mla_attention.logger, "warning_once", warning_once)
     glm = {"architectures": ["Glm5NextForCausalLM"], "model_type": "glm5_next"}
     (tmp_path / "config.json").write_text(json.dumps(glm | {"mla_use_nope": True}))
 
