@@ -19,9 +19,11 @@ GLM5_FLASH_CONFIG = {
     "dtype": "bfloat16",
     "mla_use_nope": True,
     "indexer_rope_interleave": True,
+    "index_kpool": 4,
     "mhc": True,
     "scoring_func": "sigmoid",
     "topk_method": "noaux_tc",
+    "moe_router_dtype": "float32",
 }
 
 

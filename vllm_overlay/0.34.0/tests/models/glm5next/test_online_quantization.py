@@ -17,12 +17,11 @@ FP8 = dict(
     quant_method="fp8", activation_scheme="dynamic", weight_block_size=[128, 128]
 )
 # The attention projections of the recommended all-projection regex.
-TARGETS = {
-    "targets": {
-        "re:.*[.]self_attn[.](in_proj_qkvbfg_a|o_proj|fused_qkv_a_proj|q_b_proj|"
-        "indexer[.]wq_b)": "mxfp8"
-    }
-}
+ATTENTION = (
+    "re:.*[.]self_attn[.](in_proj_qkvbfg_a|o_proj|fused_qkv_a_proj|q_b_proj|"
+    "indexer[.]wq_b)"
+)
+TARGETS = {"targets": {ATTENTION: "mxfp8"}}
 # case: (checkpoint's quantization_config, --quantization, --quantization-config)
 CASES = {
     "checkpoint+targets": (FP8, "fp8", TARGETS),
@@ -93,9 +92,8 @@ def test_fp8_mla_weights_reach_online_target_as_bf16(projection, glm5_flash_attn
         bf16.append((weight.float() * scale).to(torch.bfloat16))
     want.weight.weight_loader(want.weight, torch.cat(bf16))
     assert got.weight.dtype != torch.bfloat16, "never quantized"
-    for name in ("weight", "weight_scale"):
-        got_bytes = getattr(got, name).view(torch.uint8)
-        assert torch.equal(got_bytes, getattr(want, name).view(torch.uint8)), name
+    for a, b in ((got.weight, want.weight), (got.weight_scale, want.weight_scale)):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 def test_online_target_on_mla_attention_is_rejected(glm5_flash_attn):
