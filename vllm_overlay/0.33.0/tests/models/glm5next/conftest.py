@@ -1,96 +1,62 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Shared fixtures for GLM-5.3-Flash tests: a real `VllmConfig` of the
-published model, and stubs for what only a GPU provides."""
-
 import json
-import tempfile
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
 
 import pytest
+import torch
 
-# GLM-5.3-Flash's config.json: transformers' Glm5NextTextConfig defaults are
-# the published model's, except for these keys.
-GLM5_FLASH_CONFIG: dict[str, Any] = {
+from vllm.config import set_current_vllm_config
+from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.layers.attention import mla_attention
+from vllm.models.glm5next.common.model import Glm5NextDecoderLayer
+from vllm.utils.torch_utils import set_default_torch_dtype
+
+# What GLM-5.3-Flash's layers read from its config.json beyond transformers' defaults.
+GLM5_FLASH_CONFIG = {
     "architectures": ["Glm5NextForCausalLM"],
     "model_type": "glm5_next",
     "dtype": "bfloat16",
     "mla_use_nope": True,
     "indexer_rope_interleave": True,
     "index_kpool": 4,
-    "index_kpool_compress": True,
-    "first_k_dense_replace": 3,
     "mhc": True,
     "scoring_func": "sigmoid",
     "topk_method": "noaux_tc",
     "moe_router_dtype": "float32",
-    "num_nextn_predict_layers": 1,
 }
 
 
-class _NoGpuSparseMLAImpl:
-    is_sparse = True
-    supports_dense_mha_prefill = False
-    dcp_world_size = pcp_world_size = 1
-
-    def __init__(self, **kwargs) -> None:
-        pass
-
-
-class _NoGpuSparseMLABackend:
+# The sparse MLA attention backend that only a GPU has, and its impl.
+class _NoGpuMLA(SimpleNamespace):
+    is_sparse, supports_dense_mha_prefill, dcp_world_size = True, False, 1
     get_name = staticmethod(lambda: "NO_GPU_SPARSE_MLA")
     is_mla = staticmethod(lambda: True)
-    get_impl_cls = staticmethod(lambda: _NoGpuSparseMLAImpl)
+    get_impl_cls = classmethod(lambda cls: cls)
 
 
 @pytest.fixture
-def gpu_stubs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Stub what only a GPU provides when layers are built: the sparse MLA
-    attention backend."""
-    import vllm.model_executor.layers.attention.mla_attention as mla_attention
+def glm5_flash_attn(tmp_path, monkeypatch, dist_init):
+    """Factory: the attention of a GLM-5.3-Flash decoder layer as vLLM builds it."""
+    monkeypatch.setattr(mla_attention, "get_attn_backend", lambda *a, **k: _NoGpuMLA)
 
-    monkeypatch.setattr(
-        mla_attention, "get_attn_backend", lambda *a, **k: _NoGpuSparseMLABackend
-    )
-
-
-@pytest.fixture
-def make_vllm_config(tmp_path: Path) -> Callable[..., Any]:
-    """Factory: the `VllmConfig` of serving GLM-5.3-Flash with the given engine
-    arguments; `checkpoint_quantization` is the checkpoint's own
-    `quantization_config` (None: BF16)."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    def make(checkpoint_quantization: dict[str, Any] | None = None, **kwargs):
-        config = dict(GLM5_FLASH_CONFIG)
-        if checkpoint_quantization is not None:
-            config["quantization_config"] = checkpoint_quantization
-        model_dir = Path(tempfile.mkdtemp(dir=tmp_path))
-        (model_dir / "config.json").write_text(json.dumps(config))
-        engine_args = EngineArgs(
-            model=str(model_dir),
-            load_format="dummy",
-            skip_tokenizer_init=True,
-            enforce_eager=True,
-            # The CPU platform turns prefix caching off for MLA models.
-            enable_prefix_caching=False,
-            **kwargs,
-        )
-        return engine_args.create_engine_config()
+    def make(layer_idx, checkpoint, quantization, quantization_config, device="meta"):
+        config = dict(GLM5_FLASH_CONFIG, quantization_config=checkpoint)
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        vllm_config = EngineArgs(
+            model=str(tmp_path),
+            quantization=quantization,
+            quantization_config=quantization_config,
+            enable_prefix_caching=False,  # as the CPU platform sets it for MLA
+        ).create_engine_config()
+        hf_config = vllm_config.model_config.hf_text_config
+        prefix = f"model.layers.{layer_idx}"
+        with (
+            set_current_vllm_config(vllm_config),
+            set_default_torch_dtype(torch.bfloat16),
+            torch.device(device),
+        ):
+            layer = Glm5NextDecoderLayer(vllm_config, hf_config, layer_idx, prefix)
+        return layer.self_attn
 
     return make
-
-
-@pytest.fixture
-def distributed(
-    request: pytest.FixtureRequest, make_vllm_config: Callable[..., Any]
-) -> Iterator[None]:
-    """Upstream's one-rank `dist_init` process group, set up under
-    GLM-5.3-Flash's config."""
-    from vllm.config import set_current_vllm_config
-
-    with set_current_vllm_config(make_vllm_config()):
-        request.getfixturevalue("dist_init")
-    yield
