@@ -1,8 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """A drafter whose attention is not MLA keeps the user's KV cache dtype when a
-sparse MLA target layer writes its backend's layout (fp8_ds_mla) into the
-cache config they share."""
+sparse MLA layer writes fp8_ds_mla into the cache config they share."""
 
 import json
 from types import SimpleNamespace
@@ -23,11 +22,7 @@ DEEPSEEK_V32 = {
     "index_topk": 2048,
     "num_nextn_predict_layers": 1,
 }
-LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 129280,
-}
+LLAMA = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=129280)
 
 
 class _NoGpuImpl(SimpleNamespace):
@@ -37,9 +32,8 @@ class _NoGpuImpl(SimpleNamespace):
 
 @pytest.fixture
 def build_target(tmp_path, monkeypatch):
-    """The engine config of DeepSeek-V3.2 with a `cache` KV cache and a drafter
-    (default: a Llama draft model), once its MLA layer is built as on Hopper,
-    where selection gives FLASHMLA_SPARSE (kernels left out)."""
+    """DeepSeek-V3.2's engine config with a `cache` KV cache and a drafter (default a
+    Llama draft model) once its MLA layer is built on FLASHMLA_SPARSE, as on Hopper."""
     monkeypatch.setattr(FlashMLASparseBackend, "get_impl_cls", lambda: _NoGpuImpl)
     monkeypatch.setattr(
         mla_attention, "get_attn_backend", lambda *a, **k: FlashMLASparseBackend
@@ -52,8 +46,6 @@ def build_target(tmp_path, monkeypatch):
         spec = {"method": "draft_model", "model": str(tmp_path / "draft")} | spec
         config = EngineArgs(
             str(tmp_path / "target"),
-            load_format="dummy",
-            skip_tokenizer_init=True,
             enable_prefix_caching=False,
             kv_cache_dtype=cache,
             speculative_config=spec | {"num_speculative_tokens": 1},

@@ -16,14 +16,12 @@ from vllm.utils.torch_utils import set_default_torch_dtype
 GLM5_FLASH_CONFIG = {
     "architectures": ["Glm5NextForCausalLM"],
     "model_type": "glm5_next",
-    "dtype": "bfloat16",
     "mla_use_nope": True,
     "indexer_rope_interleave": True,
     "index_kpool": 4,
     "mhc": True,
     "scoring_func": "sigmoid",
     "topk_method": "noaux_tc",
-    "moe_router_dtype": "float32",
 }
 
 

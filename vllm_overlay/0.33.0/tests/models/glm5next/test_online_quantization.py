@@ -13,15 +13,10 @@ from vllm.platforms import current_platform
 
 pytestmark = pytest.mark.skip_global_cleanup  # dist_init cleans up after each test
 # Z.ai's FP8 checkpoint: block-FP8 linears and experts, BF16 attention.
-FP8 = dict(
-    quant_method="fp8", activation_scheme="dynamic", weight_block_size=[128, 128]
-)
+FP8 = dict(quant_method="fp8", activation_scheme="dynamic", weight_block_size=[128] * 2)
 # The attention projections of the recommended all-projection regex.
-ATTENTION = (
-    "re:.*[.]self_attn[.](in_proj_qkvbfg_a|o_proj|fused_qkv_a_proj|q_b_proj|"
-    "indexer[.]wq_b)"
-)
-TARGETS = {"targets": {ATTENTION: "mxfp8"}}
+ATTENTION = "in_proj_qkvbfg_a|o_proj|fused_qkv_a_proj|q_b_proj|indexer[.]wq_b"
+TARGETS = {"targets": {f"re:.*[.]self_attn[.]({ATTENTION})": "mxfp8"}}
 # case: (checkpoint's quantization_config, --quantization, --quantization-config)
 CASES = {
     "checkpoint+targets": (FP8, "fp8", TARGETS),
