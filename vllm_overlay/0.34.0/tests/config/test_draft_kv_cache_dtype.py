@@ -81,11 +81,15 @@ OTHER_DRAFTERS: dict[str, tuple[dict[str, Any], str | None]] = {
     "draft-names-auto": ({"kv_cache_dtype": "auto"}, "auto"),
     "bf16-cache": ({"cache": "auto"}, None),
     "mtp": ({"method": "mtp", "model": None}, None),
-    "ngram": ({"method": "ngram", "prompt_lookup_max": 2, "model": None}, None),
+    "suffix": ({"method": "suffix", "model": None}, None),
 }
 
 
 @pytest.mark.parametrize("case", list(OTHER_DRAFTERS))
 def test_other_drafters_keep_their_setting(build_target, case):
     args, draft_dtype = OTHER_DRAFTERS[case]
-    assert build_target(**args).speculative_config.kv_cache_dtype == draft_dtype
+    try:
+        config = build_target(**args)
+    except ImportError as exc:  # suffix decoding's package, where it is needed
+        pytest.skip(str(exc))
+    assert config.speculative_config.kv_cache_dtype == draft_dtype

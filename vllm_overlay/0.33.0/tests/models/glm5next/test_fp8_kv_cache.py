@@ -11,15 +11,10 @@ import torch
 from vllm.config import set_current_vllm_config
 from vllm.model_executor.layers.attention import mla_attention
 from vllm.platforms import current_platform
-from vllm.utils.flashinfer import (
-    has_flashinfer_sm90_nope_mla,
-    has_flashinfer_sparse_mla_sm120,
-)
+from vllm.utils import flashinfer
 from vllm.utils.torch_utils import set_default_torch_dtype
 
-pytestmark = pytest.mark.skipif(
-    not current_platform.is_cuda(), reason="CUDA attention selection"
-)
+pytestmark = pytest.mark.skipif(not current_platform.is_cuda(), reason="CUDA selection")
 FLASHINFER, SM120 = "FLASHINFER_MLA_SPARSE_SM90", "FLASHINFER_MLA_SPARSE_SM120"
 
 
@@ -98,11 +93,13 @@ OTHER_PATHS = {
 }
 
 
-@pytest.mark.skipif(not has_flashinfer_sm90_nope_mla(), reason="FlashInfer SM90")
+@pytest.mark.skipif(
+    not flashinfer.has_flashinfer_sm90_nope_mla(), reason="FlashInfer SM90"
+)
 @pytest.mark.parametrize("case", list(OTHER_PATHS))
 def test_other_paths_keep_their_rows_without_warning(glm_mla_selection, case):
     kv_cache_dtype, flag, rope, sm, backend, stored = OTHER_PATHS[case]
-    if sm == 120 and not has_flashinfer_sparse_mla_sm120():
+    if sm == 120 and not flashinfer.has_flashinfer_sparse_mla_sm120():
         pytest.skip("FlashInfer SM120")
     selected = glm_mla_selection(
         rope, sm, kv_cache_dtype=kv_cache_dtype, attention_backend=flag
