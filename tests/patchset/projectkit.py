@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 SPDX = (
@@ -30,6 +32,26 @@ INIT = "vllm/models/glm5next/__init__.py"
 # only, not the whole model (tens of seconds of bytecode compile in a fresh tree).
 PROBE = "vllm/glm5next_probe.py"
 PROBE_TEST = "tests/models/glm5next/test_probe.py"
+
+
+needs_unshare = pytest.mark.skipif(
+    shutil.which("unshare") is None, reason="needs unshare(1)"
+)
+
+
+def in_mount_namespace(
+    script: str, cwd: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """Run the sh `script` in a private mount namespace, as a user mapped to
+    root: its mounts (a small tmpfs, a read-only bind) touch nothing outside,
+    and root there still meets a read-only mount, unlike permission bits."""
+    return subprocess.run(
+        ["unshare", "--map-root-user", "--mount", "sh", "-c", script],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
 
 
 def git(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:

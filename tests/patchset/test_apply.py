@@ -6,11 +6,10 @@ import hashlib
 import os
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
-from projectkit import INIT, KDA, PROBE, Project
+from projectkit import INIT, KDA, PROBE, Project, in_mount_namespace, needs_unshare
 
 
 def tree_digest(root: Path) -> str:
@@ -173,7 +172,7 @@ def test_wrong_vllm_version_is_refused(
     assert_nothing_written(project)
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+@needs_unshare
 def test_read_only_destination_is_refused(
     project: Project, series: Path, tmp_path: Path
 ) -> None:
@@ -186,13 +185,7 @@ def test_read_only_destination_is_refused(
         f"mount -o remount,bind,ro {readonly} && "
         f"exec python3 scripts/patchset apply --dest {readonly}/out"
     )
-    result = subprocess.run(
-        ["unshare", "--map-root-user", "--mount", "sh", "-c", script],
-        cwd=project.root,
-        env=project.env,
-        capture_output=True,
-        text=True,
-    )
+    result = in_mount_namespace(script, project.root, project.env)
     assert result.returncode == 1, result.stderr
     assert f"cannot write the patched tree to {readonly}/out" in result.stderr
     assert "Read-only file system" in result.stderr

@@ -2,13 +2,21 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The maintainer's uses: a vLLM git checkout, refresh and bisect."""
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from projectkit import INIT, KDA, PROBE, PROBE_TEST, Project, git
+from projectkit import (
+    INIT,
+    KDA,
+    PROBE,
+    PROBE_TEST,
+    Project,
+    git,
+    in_mount_namespace,
+    needs_unshare,
+)
 
 
 @pytest.fixture
@@ -117,7 +125,7 @@ def test_a_failed_signing_is_not_a_patch_that_does_not_apply(
     assert state(checkout) == before
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+@needs_unshare
 def test_a_full_temporary_disk_is_said_first(
     project: Project, checkout: Path, tmp_path: Path
 ) -> None:
@@ -127,13 +135,7 @@ def test_a_full_temporary_disk_is_said_first(
         f"mount -t tmpfs -o size=8k tmpfs {small} && TMPDIR={small} "
         f"{sys.executable} scripts/patchset apply --check --vllm-src {checkout}"
     )
-    result = subprocess.run(
-        ["unshare", "--map-root-user", "--mount", "sh", "-c", script],
-        cwd=project.root,
-        env=project.env,
-        capture_output=True,
-        text=True,
-    )
+    result = in_mount_namespace(script, project.root, project.env)
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith("patchset: error: no space left on the device")
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from projectkit import PROBE, REPO, Project
+from projectkit import PROBE, REPO, Project, in_mount_namespace, needs_unshare
 
 from patchset_tool import cli, trees
 
@@ -86,7 +86,7 @@ def test_a_full_disk_is_one_short_line() -> None:
     assert cli.describe_fault(plain).startswith("no space left on the device")
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+@needs_unshare
 def test_apply_onto_a_full_disk(project: Project, series: Path, tmp_path: Path) -> None:
     small = tmp_path / "small"
     small.mkdir()
@@ -95,13 +95,7 @@ def test_apply_onto_a_full_disk(project: Project, series: Path, tmp_path: Path) 
         f"{sys.executable} scripts/patchset apply --dest {small}/tree; rc=$?; "
         f"echo LEFT:$(ls -A {small}); exit $rc"
     )
-    result = subprocess.run(
-        ["unshare", "--map-root-user", "--mount", "sh", "-c", script],
-        cwd=project.root,
-        env=project.env,
-        capture_output=True,
-        text=True,
-    )
+    result = in_mount_namespace(script, project.root, project.env)
     line = assert_one_error(result)
     assert "no space left on the device" in line and len(line) < 500
     assert result.stdout.rsplit("LEFT:", 1)[-1].split() == [".tree.lock"]

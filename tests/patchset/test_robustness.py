@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from projectkit import PROBE, Project
+from projectkit import PROBE, Project, in_mount_namespace, needs_unshare
 
 from patchset_tool.errors import PatchsetError
 from patchset_tool.series import parse_patch
@@ -146,7 +146,7 @@ def test_top_level_help_says_where_to_start(project: Project) -> None:
     assert "scripts/patchset setup" in result.stdout
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+@needs_unshare
 def test_setup_with_a_complete_read_only_cache(project: Project) -> None:
     """The shared environments, read-only (a bind mount in a private mount
     namespace: root ignores permission bits): setup reuses them."""
@@ -155,13 +155,7 @@ def test_setup_with_a_complete_read_only_cache(project: Project) -> None:
         f"mount --bind {envs} {envs} && mount -o remount,bind,ro {envs} && "
         "exec python3 scripts/patchset setup"
     )
-    result = subprocess.run(
-        ["unshare", "--map-root-user", "--mount", "sh", "-c", script],
-        cwd=project.root,
-        env=project.env,
-        capture_output=True,
-        text=True,
-    )
+    result = in_mount_namespace(script, project.root, project.env)
     assert result.returncode == 0, result.stderr
     assert "environment ready" in result.stdout
 

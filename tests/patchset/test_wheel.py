@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from projectkit import REPO
+from projectkit import REPO, in_mount_namespace, needs_unshare
 
 from patchset_tool import envmgr, trees, wheel
 from patchset_tool.bases import Base, load_bases
@@ -352,20 +352,9 @@ def build_in_namespace(base: Base, dist: Path, mount: str) -> tuple[Completed, s
         f"{mount} && {sys.executable} {REPO / 'scripts' / 'patchset'} build --base "
         f"{base.version} --dist {dist}; rc=$?; echo LEFT:$(ls -A {dist}); exit $rc"
     )
-    result = subprocess.run(
-        ["unshare", "--map-root-user", "--mount", "sh", "-c", script],
-        cwd=REPO,
-        env=tool_env(),
-        capture_output=True,
-        text=True,
-    )
+    result = in_mount_namespace(script, REPO, tool_env())
     left = result.stdout.rsplit("LEFT:", 1)[-1].strip()
     return result, left
-
-
-needs_unshare = pytest.mark.skipif(
-    shutil.which("unshare") is None, reason="needs unshare(1)"
-)
 
 
 @needs_unshare
