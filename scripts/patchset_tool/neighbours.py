@@ -5,13 +5,14 @@ tests/models/glm5next/ that exercise what the series changes, declared in
 ci/upstream_neighbours.txt.
 
 For one base, they run from tests/ of the release checkout the model tests
-use (`sourcetree.checkout_for_tests`), once pristine and once patched; the
-part passes when every test has the same outcome in both, and lists each
-difference. In the summary table, passed and skipped count the tests with
-that outcome in both trees, failed the differences; the log lists the tests
-that fail in both (on this CPU-only host, upstream tests that need what it
-lacks). A listed file that the base does not have, or one marked
-`skip: REASON`, is not run; the log says so.
+use (`sourcetree.checkout_for_tests`) with the series applied; the tests
+that do not pass there run again on the pristine checkout, and the part
+passes when each of them has the same outcome in both (a test that passes
+patched cannot be a regression). In the summary table, passed counts the
+tests that pass patched, skipped those that skip in both trees, failed the
+differences; the log lists the tests that fail in both (on this CPU-only
+host, upstream tests that need what it lacks). A listed file that the base
+does not have, or one marked `skip: REASON`, is not run; the log says so.
 """
 
 import subprocess
@@ -103,9 +104,40 @@ def _summary(outcomes: dict[str, str]) -> str:
     return ", ".join(f"{n} {o}" for o, n in counts.items()) or "no test"
 
 
+def _pytest_args(nodes: list[str], tests: Path) -> list[str] | None:
+    """`nodes` as pytest arguments from `tests` (an id may start at the
+    checkout's root), or None when one does not name a file there."""
+    args = []
+    for node in nodes:
+        path, _, name = node.partition("::")
+        found = [
+            p for p in (path, path.removeprefix("tests/")) if (tests / p).is_file()
+        ]
+        if not found:
+            return None
+        args.append(f"{found[0]}::{name}")
+    return args
+
+
+def _run(
+    part: Part, python: Path, base: Base, checkout: Path, args: list[str], tree: str
+) -> dict[str, str]:
+    """Run pytest `args` from tests/ of `checkout`, `base`'s `tree`
+    checkout, with what this CPU host lacks that a GPU runner has (the
+    model tests' plugin); each test's outcome."""
+    command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    env = sourcetree.checkout_env(python, base, checkout, f"checkout-{tree}")
+    command += sourcetree.cpu_host_plugin(env)
+    # Without the Hub, a test that needs a model's config fails at once in
+    # both trees instead of waiting on the network.
+    env["HF_HUB_OFFLINE"] = "1"
+    return _outcomes(part, [*command, *args], checkout / "tests", env)
+
+
 def run_part(part: Part, python: Path, base: Base) -> None:
-    """Run the declared files on `base`'s pristine and patched checkouts and
-    hold them to the same outcome for every test."""
+    """Run the declared files on `base`'s patched checkout, then the tests
+    that did not pass there on the pristine one: each of those must have
+    the same outcome in both trees."""
     assert part.log is not None
     neighbours = load()
     changed = Series.load(base).touched
@@ -116,41 +148,35 @@ def run_part(part: Part, python: Path, base: Base) -> None:
         for n in neighbours
         if n.path in changed
     ]
-    runs: dict[str, dict[str, str]] = {}
-    for tree in ("pristine", "patched"):
-        with sourcetree.checkout_for_tests(base, tree == "patched") as checkout:
-            present = [p for p in runnable if (checkout / p).is_file()]
-            if tree == "pristine":
-                notes += [
-                    f"not in vLLM {base.version}: {p}"
-                    for p in runnable
-                    if p not in present
-                ]
-            if not present:
-                part.problems.append(f"no declared file to run on {base.version}")
-                return
-            files = [p.removeprefix("tests/") for p in present]
-            command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-            env = sourcetree.checkout_env(python, base, checkout, f"checkout-{tree}")
-            # Without the Hub, a test that needs a model's config fails at
-            # once in both trees instead of waiting on the network.
-            env["HF_HUB_OFFLINE"] = "1"
-            runs[tree] = _outcomes(part, [*command, *files], checkout / "tests", env)
-    pristine, patched = runs["pristine"], runs["patched"]
-    both_failed = sorted(
-        n for n, o in pristine.items() if o == patched.get(n) == "failed"
-    )
+    patched: dict[str, str] = {}
+    with sourcetree.checkout_for_tests(base, patched=True) as checkout:
+        present = [p for p in runnable if (checkout / p).is_file()]
+        files = [p.removeprefix("tests/") for p in present]
+        if present:
+            patched = _run(part, python, base, checkout, files, "patched")
+    notes += [f"not in vLLM {base.version}: {p}" for p in runnable if p not in present]
+    if not present:
+        part.problems.append(f"no declared file to run on {base.version}")
+        return
+    unsettled = {n: o for n, o in patched.items() if o != "passed"}
+    pristine: dict[str, str] = {}
+    if unsettled:
+        with sourcetree.checkout_for_tests(base, patched=False) as checkout:
+            nodes = _pytest_args(list(unsettled), checkout / "tests")
+            pristine = _run(part, python, base, checkout, nodes or files, "pristine")
+    pristine = {n: o for n, o in pristine.items() if n in unsettled}
+    both_failed = sorted(n for n, o in pristine.items() if o == "failed" == patched[n])
     with part.log.open("a") as log:
         for line in notes:
             log.write(f"note: {line}\n")
-        for tree, outcomes in runs.items():
-            log.write(f"{tree}: {_summary(outcomes)}\n")
+        log.write(f"patched: {_summary(patched)}\n")
+        log.write(f"pristine, what did not pass patched: {_summary(pristine)}\n")
         log.write(f"failed in both trees: {len(both_failed)}\n")
         log.writelines(f"  {node}\n" for node in both_failed)
-    if not pristine or not patched:
+    if not patched:
         part.problems.append("pytest ran no test; see the log")
-    diff = differences(pristine, patched)
+    diff = differences(pristine, unsettled)
     part.problems += [f"outcome differs: {d}" for d in diff]
-    same = [o for n, o in pristine.items() if patched.get(n) == o]
-    part.passed, part.skipped = same.count("passed"), same.count("skipped")
+    part.passed = list(patched.values()).count("passed")
+    part.skipped = sum(o == "skipped" == pristine.get(n) for n, o in unsettled.items())
     part.failed = len(diff)

@@ -5,10 +5,12 @@ declares one base (the vLLM release installed in the primary base's managed
 environment), a real copy of that pristine vllm package, and real patches
 made with git."""
 
+import csv
 import os
 import shutil
+import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -42,29 +44,52 @@ def installed_version(primary_base: bases.Base) -> str:
     return find_base_install(envmgr.site_packages(python), primary_base).version
 
 
+def copy_site(real: Path, site: Path, keep: Callable[[str], bool]) -> Path:
+    """Copy the vllm files of site-packages `real` whose path `keep`s into
+    `site` (extensions symlinked, as in build/), with its dist-info and a
+    RECORD that lists just those; return `site`."""
+    for src in (real / "vllm").rglob("*"):
+        rel = src.relative_to(real).as_posix()
+        if src.is_dir() or "__pycache__" in rel or not keep(rel):
+            continue
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        if rel.endswith(".so"):
+            os.symlink(src, site / rel)
+        else:
+            shutil.copyfile(src, site / rel)
+    for dist in real.glob("vllm-*.dist-info"):
+        shutil.copytree(dist, site / dist.name)
+        with (dist / "RECORD").open(newline="") as record:
+            rows = [r for r in csv.reader(record) if (site / r[0]).is_file()]
+        with (site / dist.name / "RECORD").open("w", newline="") as record:
+            csv.writer(record, lineterminator="\n").writerows(rows)
+    return site
+
+
 @pytest.fixture(scope="session")
 def pristine_site(
     tmp_path_factory: pytest.TempPathFactory, primary_base: bases.Base
 ) -> Path:
-    """A real copy of the installed vllm package and its dist-info, so that
-    tests may damage it; extensions are symlinked as in build/."""
+    """A real copy of the installed vllm package, so that tests may damage
+    it, cut to what `import vllm` loads and the glm5next package (all the
+    fixture series touches): a few hundred of its thousands of files."""
     python = envmgr.env_python(primary_base)
     assert python is not None
-    real = envmgr.site_packages(python)
+    loaded = subprocess.run(
+        [str(python), "-c", "import sys, vllm; print(*sys.modules)"],
+        capture_output=True,
+        check=True,
+        text=True,
+        cwd=tmp_path_factory.getbasetemp(),
+    ).stdout.split()
+    packages = {m.split(".")[1] + "/" for m in loaded if m.startswith("vllm.")}
+
+    def keep(rel: str) -> bool:
+        inside = rel.removeprefix("vllm/")
+        return "/" not in inside or inside.startswith(("models/glm5next/", *packages))
+
     site = tmp_path_factory.mktemp("site")
-
-    def copy(src: str, dst: str) -> None:
-        os.symlink(src, dst) if src.endswith(".so") else shutil.copyfile(src, dst)
-
-    shutil.copytree(
-        real / "vllm",
-        site / "vllm",
-        copy_function=copy,
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    for dist in real.glob("vllm-*.dist-info"):
-        shutil.copytree(dist, site / dist.name)
-    return site
+    return copy_site(envmgr.site_packages(python), site, keep)
 
 
 @pytest.fixture(scope="session")
@@ -94,7 +119,9 @@ def project(
     shutil.copytree(REPO / "ci" / "requirements", root / "ci" / "requirements")
     suite = root / paths.SUITE.relative_to(REPO)
     suite.mkdir(parents=True)
-    shutil.copy(paths.SUITE / "glm5next_cpu_host.py", suite)  # bisect-run loads it
+    # bisect-run loads the CPU host's plugin; vLLM's platforms, which it
+    # completes, are not in the slim copy.
+    (suite / "glm5next_cpu_host.py").write_text('"""The CPU-host plugin."""\n')
     (root / "bases.toml").write_text(
         "[[base]]\n"
         f'version = "{installed_version}"\n'

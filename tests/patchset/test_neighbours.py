@@ -52,14 +52,15 @@ def test_skip_keeps_the_reason(tmp_path):
     ]
 
 
-def fake_checkouts(root: Path, patched_fails: bool):
-    """Two tiny checkouts holding `tests/a/test_x.py`; its `test_b` fails
-    in the patched one when `patched_fails`."""
+def fake_checkouts(root: Path, pristine_passes: bool):
+    """Two tiny checkouts holding `tests/a/test_x.py`: its `test_a` passes
+    in both; its `test_b` fails patched and, unless `pristine_passes`,
+    pristine."""
     trees = {}
     for patched in (False, True):
         tests = root / str(patched) / "tests" / "a"
         tests.mkdir(parents=True)
-        fails = patched and patched_fails
+        fails = patched or not pristine_passes
         tests.joinpath("test_x.py").write_text(
             f"def test_a():\n    pass\n\n\ndef test_b():\n    assert not {fails}\n"
         )
@@ -72,30 +73,34 @@ def fake_checkouts(root: Path, patched_fails: bool):
     return checkout_for_tests
 
 
-@pytest.mark.parametrize("patched_fails", [False, True], ids=["same", "differs"])
-def test_part_holds_both_trees_to_the_same_outcomes(
-    tmp_path, monkeypatch, patched_fails
+@pytest.mark.parametrize("pristine_passes", [False, True], ids=["same", "differs"])
+def test_part_reruns_what_fails_patched_on_the_pristine_tree(
+    tmp_path, monkeypatch, pristine_passes
 ):
     listing = tmp_path / "neighbours.txt"
     listing.write_text("tests/a/test_x.py\ntests/b/test_gone.py\n")
     monkeypatch.setattr(neighbours, "LIST", listing)
-    fake = fake_checkouts(tmp_path, patched_fails)
+    fake = fake_checkouts(tmp_path, pristine_passes)
     monkeypatch.setattr(sourcetree, "checkout_for_tests", fake)
     monkeypatch.setattr(sourcetree, "checkout_env", lambda *a: dict(os.environ))
+    monkeypatch.setattr(sourcetree, "cpu_host_plugin", lambda env: [])
     part = Part("neighbours")
     part.log = tmp_path / "part.log"
     part.log.write_text("")
 
     neighbours.run_part(part, Path(sys.executable), bases.get_base())
 
-    assert "note: not in vLLM" in part.log.read_text()
-    if patched_fails:
+    log = part.log.read_text()
+    assert "note: not in vLLM" in log
+    pristine = "1 passed" if pristine_passes else "1 failed"
+    assert f"pristine, what did not pass patched: {pristine}\n" in log
+    if pristine_passes:
         assert (part.passed, part.failed) == (1, 1)
         assert part.problems == [
             "outcome differs: a/test_x.py::test_b: passed pristine, failed patched"
         ]
     else:
-        assert (part.passed, part.failed, part.problems) == (2, 0, [])
+        assert (part.passed, part.failed, part.problems) == (1, 0, [])
 
 
 def test_ci_impact_names_the_steps_that_run_the_series_tests(primary_base):
