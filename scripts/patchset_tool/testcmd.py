@@ -151,73 +151,6 @@ def _tool_tests_skipped_here(env: dict[str, str]) -> set[str]:
     return set() if env.get("GLM5NEXT_ENGINE_PYTHON") else {ENGINE_STACK_TEST}
 
 
-def _checkout_tests(
-    part: Part,
-    python: Path,
-    base: Base,
-    patched: bool,
-    files: list[str],
-    plugin_env: dict[str, str] | None = None,
-) -> dict[str, str]:
-    """Run `files` with pytest from tests/ of `base`'s release checkout, as
-    upstream CI runs them, on this CPU host (`glm5next_cpu_host`);
-    `plugin_env` loads the emulated-SM90 plugin too."""
-    command = [str(python), "-m", "pytest", "-v", "-s", "-p", "no:cacheprovider"]
-    tree = "checkout-patched" if patched else "checkout-pristine"
-    with sourcetree.checkout_for_tests(base, patched) as checkout:
-        env = sourcetree.checkout_env(python, base, checkout, tree)
-        command += sourcetree.cpu_host_plugin(env)
-        if plugin_env is not None:
-            command += ["-p", "glm5next_sm90_host"]
-            env |= plugin_env
-        return _pytest(part, [*command, *files], checkout / "tests", env)
-
-
-def _expect_model_tests(
-    part: Part,
-    outcomes: dict[str, str],
-    base: Base,
-    patched: bool,
-    host_failures: Path,
-    host_skips: Path,
-    files: list[str],
-) -> None:
-    """Exactly the host's failures in `files` (plus, pristine, the series'
-    red tests there) fail, and exactly the host's skips in `files` skip."""
-    ran = tuple(f"tests/{f}" for f in files)
-    skips = {n for n in read_node_list(host_skips) if n.startswith(ran)}
-    failures = {n for n in read_node_list(host_failures) if n.startswith(ran)}
-    if not patched:
-        red = read_node_list(base.expected_base_failures)
-        failures |= {n for n in red if n.startswith(ran)}
-    _expect(part, outcomes, failures, skips)
-
-
-def _series_tests(base: Base) -> list[str]:
-    """The test files the series adds, as paths under tests/: all that the
-    pristine part runs, since upstream's own would test the release against
-    itself there."""
-    return [p.removeprefix("tests/") for p in Series.load(base).test_files]
-
-
-def model_tests(part: Part, python: Path, base: Base) -> None:
-    """The model tests of one base's patched tree, run as upstream CI runs
-    them: `pytest -v -s models/glm5next` from its tests/ folder. (The
-    series' red run on the release is the emulated SM90 host's part, where
-    fewer of its tests skip.)"""
-    files = ["models/glm5next"]
-    outcomes = _checkout_tests(part, python, base, True, files)
-    _expect_model_tests(
-        part,
-        outcomes,
-        base,
-        True,
-        base.expected_cpu_failures,
-        base.expected_skips,
-        files,
-    )
-
-
 def upstream_tests_touched(series: Series) -> list[str]:
     """The test files outside tests/models/glm5next that `series` changes or
     adds, as paths under tests/."""
@@ -231,27 +164,44 @@ def upstream_tests_touched(series: Series) -> list[str]:
     ]
 
 
-def model_tests_on_sm90(part: Part, python: Path, base: Base, patched: bool) -> None:
-    """The model tests and upstream's test files the series changes, from
-    tests/ as upstream CI runs them, with vLLM's platform answering as an
-    SM90 GPU for the whole session (`glm5next_sm90_host`): the tests in
-    `expected-sm90-skips.txt` (which need a real GPU) skip, exactly those in
-    `expected-sm90-failures.txt` fail in both trees, and on the pristine
-    tree (the series' own test files only) those of
-    `expected-base-failures.txt` that run here fail too."""
-    files = ["models/glm5next", *upstream_tests_touched(Series.load(base))]
-    files = files if patched else _series_tests(base) or files
-    plugin_env = {SM90_GPU_ONLY_VAR: str(base.expected_sm90_skips)}
-    outcomes = _checkout_tests(part, python, base, patched, files, plugin_env)
-    _expect_model_tests(
-        part,
-        outcomes,
-        base,
-        patched,
-        base.expected_sm90_failures,
-        base.expected_sm90_skips,
-        files,
+def model_tests(
+    part: Part, python: Path, base: Base, patched: bool = True, sm90: bool = False
+) -> None:
+    """One base's model tests as upstream CI runs them: `pytest -v -s
+    models/glm5next` from tests/ of the patched release checkout on this CPU
+    host (`glm5next_cpu_host`); exactly `expected-cpu-failures.txt` fail and
+    `expected-skips.txt` skip. With `sm90`, upstream's test files the series
+    changes too, with vLLM's platform answering as an SM90 GPU for the whole
+    session (`glm5next_sm90_host`): exactly `expected-sm90-failures.txt`
+    fail and `expected-sm90-skips.txt` (they need a real GPU) skip.
+
+    Pristine (on the emulated SM90 host, where fewer of them skip), the
+    series' own test files run on the release checkout, where those of
+    `expected-base-failures.txt` fail too: upstream's own would only test
+    the release against itself."""
+    series = Series.load(base)
+    files = ["models/glm5next", *(upstream_tests_touched(series) if sm90 else [])]
+    if not patched:
+        files = [p.removeprefix("tests/") for p in series.test_files] or files
+    failures, skips = (
+        (base.expected_sm90_failures, base.expected_sm90_skips)
+        if sm90
+        else (base.expected_cpu_failures, base.expected_skips)
     )
+    command = [str(python), "-m", "pytest", "-v", "-s", "-p", "no:cacheprovider"]
+    with sourcetree.checkout_for_tests(base, patched) as checkout:
+        tree = "checkout-patched" if patched else "checkout-pristine"
+        env = sourcetree.checkout_env(python, base, checkout, tree)
+        command += sourcetree.cpu_host_plugin(env)
+        if sm90:
+            command += ["-p", "glm5next_sm90_host"]
+            env[SM90_GPU_ONLY_VAR] = str(skips)
+        outcomes = _pytest(part, [*command, *files], checkout / "tests", env)
+    red = set() if patched else read_node_list(base.expected_base_failures)
+    ran = tuple(f"tests/{f}" for f in files)
+    failing = {n for n in read_node_list(failures) | red if n.startswith(ran)}
+    skipping = {n for n in read_node_list(skips) if n.startswith(ran)}
+    _expect(part, outcomes, failing, skipping)
 
 
 def verification_suite(part: Part, python: Path, base: Base) -> None:
@@ -377,7 +327,7 @@ def run_tests(bases: list[Base], jobs: int = 2) -> int:
         add(model_part(base.version, True), model_tests, base)
         for patched in (True, False):
             name = model_part(base.version, patched, SM90_HOST)
-            add(name, model_tests_on_sm90, base, patched=patched)
+            add(name, model_tests, base, patched=patched, sm90=True)
     for base in bases:
         name = f"{base.version}: verification suite, pristine vs patched"
         add(name, verification_suite, base)
