@@ -320,17 +320,17 @@ def run_tests(bases: list[Base], jobs: int = 2) -> int:
     work.append((tool_part, lambda part: tool_tests(part, python, tool_env, jobs)))
     for base in bases:
         add(neighbours_part(base.version), neighbours.run_part, base)
-        if base is first:
-            lint = command([str(python), "-m", "patchset_tool.lint"])
-            work.append((Part("lint (ruff, ruff-format, mypy, typos)"), lint))
     for base in bases:
-        add(model_part(base.version, True), model_tests, base)
-        for patched in (True, False):
-            name = model_part(base.version, patched, SM90_HOST)
-            add(name, model_tests, base, patched=patched, sm90=True)
+        add(model_part(base.version, True, SM90_HOST), model_tests, base, sm90=True)
     for base in bases:
         name = f"{base.version}: verification suite, pristine vs patched"
         add(name, verification_suite, base)
+    for base in bases:
+        add(model_part(base.version, True), model_tests, base)
+        name = model_part(base.version, False, SM90_HOST)
+        add(name, model_tests, base, patched=False, sm90=True)
+    lint = command([str(python), "-m", "patchset_tool.lint"])
+    work.append((Part("lint (ruff, ruff-format, mypy, typos)"), lint))
     add("upstream checks (tethering, SPDX)", upstream_checks_part, first)
     for base in bases:
         add(f"{base.version}: upstream gates (release source)", upstream_gates, base)
