@@ -93,7 +93,7 @@ def test_part_reruns_what_fails_patched_on_the_pristine_tree(
     log = part.log.read_text()
     assert "note: not in vLLM" in log
     pristine = "1 passed" if pristine_passes else "1 failed"
-    assert f"pristine, what fails patched: {pristine}\n" in log
+    assert f"pristine, what does not pass patched: {pristine}\n" in log
     if pristine_passes:
         assert (part.passed, part.failed) == (1, 1)
         assert part.problems == [
