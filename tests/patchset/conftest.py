@@ -72,7 +72,7 @@ def pristine_site(
 ) -> Path:
     """A real copy of the installed vllm package, so that tests may damage
     it, cut to what `import vllm` loads and the glm5next package (all the
-    fixture series touches): a few hundred of its thousands of files."""
+    fixture series touches): about a hundred of its six thousand files."""
     python = envmgr.env_python(primary_base)
     assert python is not None
     loaded = subprocess.run(
