@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,28 +44,6 @@ def installed_version(primary_base: bases.Base) -> str:
     return find_base_install(envmgr.site_packages(python), primary_base).version
 
 
-def copy_site(real: Path, site: Path, keep: Callable[[str], bool]) -> Path:
-    """Copy the vllm files of site-packages `real` whose path `keep`s into
-    `site` (extensions symlinked, as in build/), with its dist-info and a
-    RECORD that lists just those; return `site`."""
-    for src in (real / "vllm").rglob("*"):
-        rel = src.relative_to(real).as_posix()
-        if src.is_dir() or "__pycache__" in rel or not keep(rel):
-            continue
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        if rel.endswith(".so"):
-            os.symlink(src, site / rel)
-        else:
-            shutil.copyfile(src, site / rel)
-    for dist in real.glob("vllm-*.dist-info"):
-        shutil.copytree(dist, site / dist.name)
-        with (dist / "RECORD").open(newline="") as record:
-            rows = [r for r in csv.reader(record) if (site / r[0]).is_file()]
-        with (site / dist.name / "RECORD").open("w", newline="") as record:
-            csv.writer(record, lineterminator="\n").writerows(rows)
-    return site
-
-
 @pytest.fixture(scope="session")
 def pristine_site(
     tmp_path_factory: pytest.TempPathFactory, primary_base: bases.Base
@@ -84,12 +62,25 @@ def pristine_site(
     ).stdout.split()
     packages = {m.split(".")[1] + "/" for m in loaded if m.startswith("vllm.")}
 
-    def keep(rel: str) -> bool:
+    real, site = envmgr.site_packages(python), tmp_path_factory.mktemp("site")
+    for src in (real / "vllm").rglob("*"):
+        rel = src.relative_to(real).as_posix()
         inside = rel.removeprefix("vllm/")
-        return "/" not in inside or inside.startswith(("models/glm5next/", *packages))
-
-    site = tmp_path_factory.mktemp("site")
-    return copy_site(envmgr.site_packages(python), site, keep)
+        kept = "/" not in inside or inside.startswith(("models/glm5next/", *packages))
+        if src.is_dir() or "__pycache__" in rel or not kept:
+            continue
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        if rel.endswith(".so"):  # extensions symlinked, as in build/
+            os.symlink(src, site / rel)
+        else:
+            shutil.copyfile(src, site / rel)
+    for dist in real.glob("vllm-*.dist-info"):  # its RECORD lists just these
+        shutil.copytree(dist, site / dist.name)
+        with (dist / "RECORD").open(newline="") as record:
+            rows = [r for r in csv.reader(record) if (site / r[0]).is_file()]
+        with (site / dist.name / "RECORD").open("w", newline="") as record:
+            csv.writer(record, lineterminator="\n").writerows(rows)
+    return site
 
 
 @pytest.fixture(scope="session")
