@@ -268,38 +268,35 @@ def test_sm100_576_priority_unchanged():
     assert order[0] == "FLASHMLA_SPARSE", order
 
 
-# MTP drafter's attention_backend and kv_cache_dtype, cache dtype: refused
+# drafter method and attention_backend, cache dtype: refused
 MTP_DRAFTERS = {
-    "drafter-on-flashinfer": ("FLASHINFER_MLA_SPARSE_SM90", None, "fp8", True),
-    "drafter-own-dtype": (None, "fp8", "fp8_e4m3", True),
-    "drafter-on-flashmla": ("FLASHMLA_SPARSE", None, "fp8", False),
-    "drafter-naming-fp8_ds_mla": (None, "fp8_ds_mla", "fp8", False),
-    "explicit-fp8_ds_mla": ("FLASHINFER_MLA_SPARSE_SM90", None, "fp8_ds_mla", False),
-    "bf16-cache": (None, "fp8", "auto", False),
+    "mtp-on-flashinfer": ("mtp", "FLASHINFER_MLA_SPARSE_SM90", "fp8", True),
+    "mtp-on-flashmla": ("mtp", "FLASHMLA_SPARSE", "fp8", False),
+    "mtp-unpinned": ("mtp", None, "fp8_e4m3", False),
+    "eagle3-on-flashinfer": ("eagle3", "FLASHINFER_MLA_SPARSE_SM90", "fp8", False),
+    "explicit-fp8_ds_mla": ("mtp", "FLASHINFER_MLA_SPARSE_SM90", "fp8_ds_mla", False),
+    "bf16-cache": ("mtp", "FLASHINFER_MLA_SPARSE_SM90", "auto", False),
 }
 
 
-@pytest.mark.parametrize("method", ["mtp", "eagle3"])
 @pytest.mark.parametrize(
-    ("backend", "draft_dtype", "kv_cache_dtype", "refused"),
+    ("method", "backend", "kv_cache_dtype", "refused"),
     list(MTP_DRAFTERS.values()),
     ids=list(MTP_DRAFTERS),
 )
 def test_nope_512_refused_where_mtp_drafter_cannot_share_fp8_ds_mla(
-    method, backend, draft_dtype, kv_cache_dtype, refused, monkeypatch
+    method, backend, kv_cache_dtype, refused, monkeypatch
 ):
     import vllm.config as cfg
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     backend = backend and AttentionBackendEnum[backend]
-    spec = SimpleNamespace(
-        method=method, kv_cache_dtype=draft_dtype, attention_backend=backend
-    )
+    spec = SimpleNamespace(method=method, attention_backend=backend)
     model = SimpleNamespace(hf_text_config=SimpleNamespace(qk_rope_head_dim=0))
     config = SimpleNamespace(model_config=model, speculative_config=spec)
     monkeypatch.setattr(cfg, "get_current_vllm_config", lambda: config)
     reason = _supports_combination(512, kv_cache_dtype, SM90)
-    assert (reason is not None) == (refused and method == "mtp"), reason
+    assert (reason is not None) == refused, reason
 
 
 @pytest.mark.skipif(not current_platform.is_cuda(), reason="Requires CUDA backends")

@@ -3066,7 +3066,10 @@ class MLACommonBaseImpl(MLAAttentionImpl[A], Generic[A]):
             if kv_b_proj_input_dtype is not None:
                 kv_c_normed = kv_c_normed.to(kv_b_proj_input_dtype)
 
-            k_pe = workspace[:toks][..., self.kv_lora_rank :].unsqueeze(1)
+            # fp8_ds_mla rows keep a RoPE slot a NoPE model does not read.
+            k_pe = workspace[:toks][
+                ..., self.kv_lora_rank : self.kv_lora_rank + self.qk_rope_head_dim
+            ].unsqueeze(1)
             kv_nope = self.kv_b_proj(kv_c_normed)[0].view(
                 -1, self.num_heads, self.qk_nope_head_dim + self.v_head_dim
             )

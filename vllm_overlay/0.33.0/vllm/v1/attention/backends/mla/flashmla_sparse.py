@@ -73,6 +73,25 @@ logger = init_logger(__name__)
 # batch mode (#1).
 MIN_HEADS_FOR_BF16_PREFILL = 32
 
+# The mixed batch runs its tokens through the FP8 decode kernel in chunks of
+# at most this many, so that the head-padded query and output it needs fit a
+# workspace reserved at startup instead of growing with the step.
+FP8_MIXED_BATCH_CHUNK = 512
+
+
+def fp8_uses_mixed_batch(
+    num_heads: int, use_hisparse: bool, pcp_dcp_kv_gather: bool
+) -> bool:
+    """Whether a quantized cache runs every token, prefill too, through the
+    FP8 decode kernel (#1 above) rather than the separate path (#2). The
+    metadata builder routes on it, and the impl reserves only the workspace
+    of the path it names."""
+    return (
+        num_heads < MIN_HEADS_FOR_BF16_PREFILL
+        and not use_hisparse
+        and not pcp_dcp_kv_gather
+    )
+
 """
 NOTE: FlashMLA Sparse uses an fp8 cache with the following format
 
@@ -263,27 +282,24 @@ class FlashMLASparseBackend(AttentionBackend):
 
 def _mtp_drafter_cannot_share(vllm_config: VllmConfig) -> str | None:
     """Why an MTP drafter cannot share the fp8_ds_mla rows MLAAttention writes
-    into the cache config it shares with the target: a drafter backend that
-    does not store them, or a cache dtype of the drafter's own, which its
-    metadata builders would read instead. Such drafters kept FlashInfer's
-    per-tensor rows before fp8 and fp8_e4m3 came here at head size 512."""
+    into the cache config it shares with the target: its attention_backend
+    does not store them. Such a target keeps FlashInfer's per-tensor rows, as
+    it did before fp8 and fp8_e4m3 came here at head size 512."""
     spec = vllm_config.speculative_config
-    if spec is None or spec.method != "mtp":
+    if spec is None or spec.method != "mtp" or spec.attention_backend is None:
         return None
     backend = spec.attention_backend
-    if backend is not None and not backend.get_class().supports_kv_cache_dtype(
-        "fp8_ds_mla"
-    ):
-        return (
-            f"the MTP drafter's attention_backend {backend.name} cannot share "
-            "fp8_ds_mla rows"
-        )
-    if spec.kv_cache_dtype not in (None, "fp8_ds_mla"):
-        return (
-            f"the MTP drafter's own kv_cache_dtype {spec.kv_cache_dtype} cannot "
-            "share fp8_ds_mla rows"
-        )
-    return None
+    if backend.get_class().supports_kv_cache_dtype("fp8_ds_mla"):
+        return None
+    logger.info_once(
+        "The MTP drafter's attention_backend %s cannot share fp8_ds_mla rows: "
+        "the target keeps per-tensor fp8 rows.",
+        backend.name,
+    )
+    return (
+        f"the MTP drafter's attention_backend {backend.name} cannot share "
+        "fp8_ds_mla rows"
+    )
 
 
 def gathered_prefill_shards(
@@ -315,6 +331,8 @@ class FlashMLASparseMetadata(SparseMLACommonMetadata):
         scheduler_metadata: FlashMLASchedMeta
         dummy_block_table: torch.Tensor
         cache_lens: torch.Tensor
+        # A mixed batch's last, shorter chunk: a schedule holds one shape.
+        tail_scheduler_metadata: FlashMLASchedMeta | None = None
 
     @dataclass
     class FP8SeparatePrefillDecode:
@@ -419,9 +437,13 @@ class FlashMLASparseMetadataBuilder(
             FlashMLASparseImpl._compute_fp8_decode_padded_heads(self.num_heads)
         )
 
-        self.use_fp8_kv_cache = (
-            cache_config.cache_dtype in QUANTIZED_DS_MLA_CACHE_FORMATS
+        # The group's cache dtype can differ from cache_config.cache_dtype
+        # (a speculative kv_cache_dtype override, kv_cache_dtype_skip_layers),
+        # as in rocm_aiter_mla.py.
+        self.cache_dtype = (
+            getattr(kv_cache_spec, "cache_dtype_str", None) or cache_config.cache_dtype
         )
+        self.use_fp8_kv_cache = self.cache_dtype in QUANTIZED_DS_MLA_CACHE_FORMATS
         max_num_seqs = vllm_config.scheduler_config.max_num_seqs
         # Shape: [max_num_seqs], all elements = topk_tokens (constant for full-CG)
         self.topk_tokens_tensor = torch.full(
@@ -470,17 +492,15 @@ class FlashMLASparseMetadataBuilder(
         # PCP+DCP attends prefill rows over the DCP-gathered KV, which only the
         # separate prefill/decode path can do.
         self.pcp_dcp_kv_gather = self.use_pcp and self.dcp_world_size > 1
-        self.fp8_use_mixed_batch = (
-            self.num_heads < MIN_HEADS_FOR_BF16_PREFILL
-            and not self.use_hisparse
-            and not self.pcp_dcp_kv_gather
+        self.fp8_use_mixed_batch = fp8_uses_mixed_batch(
+            self.num_heads, self.use_hisparse, self.pcp_dcp_kv_gather
         )
 
         if parallel_config.decode_context_parallel_size > 1:
-            if self.pcp_dcp_kv_gather and cache_config.cache_dtype != "fp8_ds_mla":
+            if self.pcp_dcp_kv_gather and self.cache_dtype != "fp8_ds_mla":
                 raise NotImplementedError(
                     "PCP+DCP sparse prefill gathers the KV through the fp8_ds_mla "
-                    f"upconvert; got a {cache_config.cache_dtype} cache"
+                    f"upconvert; got a {self.cache_dtype} cache"
                 )
             if not self.fp8_use_mixed_batch and not self.pcp_dcp_kv_gather:
                 raise NotImplementedError(
@@ -530,6 +550,7 @@ class FlashMLASparseMetadataBuilder(
             scheduler_metadata=scheduler_metadata,
             cache_lens=self.max_model_len_tensor[:1],
             dummy_block_table=self.dummy_block_table[:1],
+            tail_scheduler_metadata=get_mla_metadata()[0],
         )
 
     def _build_fp8_separate_prefill_decode(
@@ -791,9 +812,10 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
         self.q_head_size = head_size
         if kv_cache_dtype == "fp8_ds_mla" and self.qk_rope_head_dim == 0:
             self.q_head_size = self.kv_lora_rank + FP8_DS_MLA_ROPE_DIM
-            # Dense-MHA prefill would gather the cache into a
-            # kv_lora_rank-wide workspace, too narrow for the 576 rows.
-            self.supports_dense_mha_prefill = False
+            # Dense-MHA prefill reads its context from a workspace as wide as
+            # these rows; the DCP context gather splits rows at kv_lora_rank +
+            # qk_rope_head_dim, so under DCP prefill stays on the MQA path.
+            self.supports_dense_mha_prefill = self.dcp_world_size == 1
 
         vllm_config = get_current_vllm_config()
         max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
@@ -821,6 +843,7 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
             )
 
         self.pcp_dcp_kv_gather = False
+        self.fp8_mixed_batch_reserved = False
         self.workspace_specs: list[tuple[tuple[int, ...], torch.dtype]] = [
             (q_concat_shape, torch.bfloat16)
         ]
@@ -833,6 +856,23 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
                 parallel_config.prefill_context_parallel_size > 1
                 and parallel_config.decode_context_parallel_size > 1
             )
+            self.fp8_mixed_batch_reserved = fp8_uses_mixed_batch(
+                num_heads,
+                vllm_config.attention_config.hisparse_config is not None,
+                self.pcp_dcp_kv_gather,
+            )
+        if self.fp8_mixed_batch_reserved:
+            # One chunk's head-padded query and kernel output.
+            chunk_shape = (
+                min(max_tokens, FP8_MIXED_BATCH_CHUNK),
+                self._compute_fp8_decode_padded_heads(num_heads),
+            )
+            self.workspace_specs.extend(
+                ((*chunk_shape, width), torch.bfloat16)
+                for width in (self.q_head_size, self.kv_lora_rank)
+            )
+        elif kv_cache_dtype in QUANTIZED_DS_MLA_CACHE_FORMATS:
+            # The separate path's upconverted context, padded query and outputs.
             shard_rows = prefill_workspace_size
             if self.pcp_dcp_kv_gather:
                 # PCP+DCP upconverts this rank's KV shard, then all-gathers the
@@ -1287,14 +1327,9 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
                     NUM_TOPK_TOKENS=topk_indices.shape[1],
                 )
 
-        _attn_out, _lse = self._fp8_flash_mla_kernel(
-            q=q.unsqueeze(0),  # unsqueeze to add batch_dim: (T, H, D) -> (1, T, H, D)
-            kv_c_and_k_pe_cache=kv_pages,
-            topk_indices=topk_indices.unsqueeze(0),  # (T, topk) -> (1, T, topk)
-            kernel_metadata=fp8_metadata,
+        out, _lse = self._fp8_mixed_batch_kernel(
+            q, kv_pages, topk_indices, fp8_metadata
         )
-        # Output is (1, T, H, D_v), squeeze back to (T, H, D_v)
-        out = _attn_out.squeeze(0)
 
         if not self.need_to_return_lse_for_decode:
             return out, None
@@ -1311,16 +1346,65 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
         # DCP combines (reduce_scatter, direct A2A) need packed heads.
         return out.contiguous(), lse
 
+    def _fp8_mixed_batch_kernel(
+        self,
+        q: torch.Tensor,
+        kv_pages: torch.Tensor,
+        topk_indices: torch.Tensor,
+        kernel_metadata: FlashMLASparseMetadata.FP8KernelMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The FP8 decode kernel over (T, H, D) tokens as one batch: out
+        (T, H, D_v) and lse (1, H, T). Where the impl reserved the mixed
+        batch's workspace for these heads, the tokens go in chunks of at most
+        FP8_MIXED_BATCH_CHUNK, padded and written there."""
+        buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+        if self.fp8_mixed_batch_reserved:
+            *_, q_padded, out_padded = current_workspace_manager().get_simultaneous(
+                *self.workspace_specs
+            )
+            if q_padded.shape[1] == self._compute_fp8_decode_padded_heads(q.shape[1]):
+                buffers = q_padded, out_padded
+        num_tokens = q.shape[0]
+        if buffers is None or num_tokens <= buffers[0].shape[0]:
+            out, lse = self._fp8_flash_mla_kernel(
+                q.unsqueeze(0),
+                kv_pages,
+                topk_indices.unsqueeze(0),
+                kernel_metadata,
+                buffers=buffers,
+            )
+            return out.squeeze(0), lse
+        chunk = buffers[0].shape[0]
+        out = q.new_empty((num_tokens, q.shape[1], self.kv_lora_rank))
+        lses = []
+        for start in range(0, num_tokens, chunk):
+            end = min(start + chunk, num_tokens)
+            chunk_out, chunk_lse = self._fp8_flash_mla_kernel(
+                q[None, start:end],
+                kv_pages,
+                topk_indices[None, start:end],
+                kernel_metadata,
+                buffers=buffers,
+                tail=end - start < chunk,
+            )
+            out[start:end] = chunk_out[0]
+            lses.append(chunk_lse)
+        return out, torch.cat(lses, dim=-1)
+
     def _fp8_flash_mla_kernel(
         self,
         q: torch.Tensor,
         kv_c_and_k_pe_cache: torch.Tensor,
         topk_indices: torch.Tensor,
         kernel_metadata: FlashMLASparseMetadata.FP8KernelMetadata,
+        buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
+        tail: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # q shape: (batch, seq_len, num_heads, head_dim)
+        # q shape: (batch, seq_len, num_heads, head_dim); `buffers`, for a
+        # batch of one: the head-padded query and the output to use.
         actual_num_heads = q.size(2)
         padded_num_heads = self.fp8_decode_padded_heads
+        out = None if buffers is None else buffers[1][None, : q.size(1)]
 
         # Pad query if needed (kernel only supports h_q = 64 or 128)
         if actual_num_heads < padded_num_heads:
@@ -1328,9 +1412,18 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
                 f"Padding num_heads from {actual_num_heads} to "
                 f"{padded_num_heads} for FP8 sparse decode kernel"
             )
-            q_padded = q.new_zeros((q.size(0), q.size(1), padded_num_heads, q.size(3)))
+            if buffers is None:
+                q_padded = q.new_zeros(
+                    (q.size(0), q.size(1), padded_num_heads, q.size(3))
+                )
+            else:
+                q_padded = buffers[0][None, : q.size(1)]
+                q_padded[:, :, actual_num_heads:].zero_()
             q_padded[:, :, :actual_num_heads, :] = q
             q = q_padded
+        scheduler_metadata = kernel_metadata.scheduler_metadata
+        if tail and kernel_metadata.tail_scheduler_metadata is not None:
+            scheduler_metadata = kernel_metadata.tail_scheduler_metadata
 
         out, lse = flash_mla_with_kvcache(
             q=q,
@@ -1338,10 +1431,11 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
             block_table=kernel_metadata.dummy_block_table,
             head_dim_v=512,
             cache_seqlens=kernel_metadata.cache_lens,
-            tile_scheduler_metadata=kernel_metadata.scheduler_metadata,
+            tile_scheduler_metadata=scheduler_metadata,
             is_fp8_kvcache=True,
             indices=topk_indices,
             softmax_scale=self.softmax_scale,
+            out=out,
         )
 
         # Slice output and lse back to actual head count if we padded
