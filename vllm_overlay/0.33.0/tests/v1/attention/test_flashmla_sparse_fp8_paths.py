@@ -22,6 +22,7 @@ DEEPSEEK_V32 = {
     "model_type": "deepseek_v32",
     "index_topk": 2048,
     "max_position_embeddings": 32768,
+    "qk_rope_head_dim": 0,  # the builder's layers: NoPE
 }
 
 
