@@ -127,3 +127,38 @@ def test_separate_path_keeps_its_prefill_workspace(sparse_mla):
     shapes = [shape for shape, _ in impl.workspace_specs]
     prefill = [(5 * 32768, 576), (tokens, 64, 576), (tokens, 64, 512)]
     assert shapes[1:] == [*prefill, (tokens, 64, 512)]
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+    reason="FlashMLA's SM90 sparse FP8 decode kernel",
+)
+def test_mixed_batch_in_chunks_matches_one_call(sparse_mla):
+    from vllm import _custom_ops as ops
+
+    impl, gen = sparse_mla.impl(), torch.Generator("cuda").manual_seed(0)
+    tokens, rows = 3 * flashmla_sparse.FP8_MIXED_BATCH_CHUNK + 77, 64 * 64
+    cache = torch.zeros(64, 64, 656, dtype=torch.uint8, device="cuda")
+    kv_c = torch.randn(rows, 512, generator=gen, device="cuda").bfloat16()
+    scale = torch.ones(1, device="cuda")
+    slots = torch.arange(rows, device="cuda")
+    ops.concat_and_cache_mla(kv_c, kv_c[:, :0], cache, slots, "fp8_ds_mla", scale)
+    q = torch.randn(tokens, 8, 576, generator=gen, device="cuda").bfloat16()
+    q[..., 512:] = 0
+    indices = torch.randint(0, rows, (tokens, 2176), generator=gen, device="cuda")
+    indices = indices.int().masked_fill(indices % 5 == 0, -1)
+
+    def metadata():
+        return flashmla_sparse.FlashMLASparseMetadata.FP8KernelMetadata(
+            scheduler_metadata=flashmla_sparse.get_mla_metadata()[0],
+            dummy_block_table=torch.zeros(1, 1, dtype=torch.int32, device="cuda"),
+            cache_lens=torch.full((1,), 32768, dtype=torch.int32, device="cuda"),
+            tail_scheduler_metadata=flashmla_sparse.get_mla_metadata()[0],
+        )
+
+    out, lse = impl._fp8_mixed_batch_kernel(q, cache, indices, metadata())
+    one_out, one_lse = impl._fp8_flash_mla_kernel(
+        q[None], cache, indices[None], metadata()
+    )
+    torch.testing.assert_close(out, one_out[0], atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(lse, one_lse, atol=1e-3, rtol=1e-3)

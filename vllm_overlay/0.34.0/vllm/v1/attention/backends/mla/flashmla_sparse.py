@@ -1403,7 +1403,7 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
         kv_pages: torch.Tensor,
         topk_indices: torch.Tensor,
         kernel_metadata: FlashMLASparseMetadata.FP8KernelMetadata,
-        topk_length: torch.Tensor | None,
+        topk_length: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The FP8 decode kernel over (T, H, D) tokens as one batch: out
         (T, H, D_v) and lse (1, H, T). Where the impl reserved the mixed
