@@ -93,3 +93,8 @@ def test_other_drafters_keep_their_setting(build_target, case):
     except ImportError as exc:  # suffix decoding's package, where it is needed
         pytest.skip(str(exc))
     assert config.speculative_config.kv_cache_dtype == draft_dtype
+
+
+def test_explicit_fp8_ds_mla_with_a_draft_model_is_refused(build_target):
+    with pytest.raises(ValueError, match="--kv-cache-dtype fp8_ds_mla is a layout"):
+        build_target(cache="fp8_ds_mla")

@@ -221,6 +221,7 @@ from vllm.compilation.breakable_cudagraph import eager_break_during_capture
 from vllm.config import (
     CacheConfig,
     ModelConfig,
+    SpeculativeConfig,
     VllmConfig,
     get_current_vllm_config,
 )
@@ -384,19 +385,26 @@ def _canonicalize_sparse_mla_kv_cache_dtype(
     return kv_cache_dtype
 
 
-def _keep_draft_kv_cache_dtype(kv_cache_dtype: CacheDType | str) -> None:
-    """Before a sparse MLA layer rewrites the cache config it shares with the
-    drafter, give a drafter whose attention is not MLA (EAGLE, a draft model)
-    the user's dtype in a config of its own: it cannot store the backend's
-    layout. A drafter naming its own dtype, or building MLA (MTP), is left
-    alone."""
+def _non_mla_drafter_sharing_cache() -> SpeculativeConfig | None:
+    """The speculative config of a drafter whose attention is not MLA (EAGLE,
+    a draft model) and that shares the target's cache config: it names no
+    kv_cache_dtype of its own. MTP drafters build MLA and are not it."""
     spec = get_current_vllm_config().speculative_config
     if (
-        spec is not None
-        and spec.kv_cache_dtype is None
-        and spec.draft_model_config is not None
-        and not spec.draft_model_config.use_mla
+        spec is None
+        or spec.kv_cache_dtype is not None
+        or spec.draft_model_config is None
+        or spec.draft_model_config.use_mla
     ):
+        return None
+    return spec
+
+
+def _keep_draft_kv_cache_dtype(kv_cache_dtype: CacheDType | str) -> None:
+    """Before a sparse MLA layer rewrites the cache config it shares with the
+    drafter, give a drafter whose attention is not MLA the user's dtype in a
+    config of its own: it cannot store the backend's layout."""
+    if (spec := _non_mla_drafter_sharing_cache()) is not None:
         spec.kv_cache_dtype = kv_cache_dtype
 
 
@@ -578,6 +586,15 @@ class MLAAttention(nn.Module, AttentionLayerBase):
                 "Using %s KV cache format for %s backend.",
                 kv_cache_dtype,
                 self.attn_backend.get_name(),
+            )
+        elif kv_cache_dtype in ("fp8_ds_mla", "nvfp4_ds_mla") and (
+            spec := _non_mla_drafter_sharing_cache()
+        ):
+            raise ValueError(
+                f"--kv-cache-dtype {kv_cache_dtype} is a layout only MLA layers "
+                f"store, and the {spec.method} drafter's attention is not MLA: "
+                "give the drafter a kv_cache_dtype of its own in "
+                "--speculative-config."
             )
 
         if (
