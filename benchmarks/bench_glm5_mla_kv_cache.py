@@ -39,7 +39,11 @@ last chunk of a longer one) at 8 and 16 heads, each token attending its 2051
 selected context tokens (fewer, causal-valid, below position 2051), -1 padded
 to 2176: (a) what FLASHMLA_SPARSE does at fewer than 32 heads
 (`_forward_fp8_kv_mixed_batch`): every token through the fp8 decode kernel,
-query zero-padded to 64 heads and 576 wide (the pad timed apart); against (b)
+query zero-padded to 64 heads and 576 wide (the pad timed apart), and, where
+the tree defines `FP8_MIXED_BATCH_CHUNK` (the series' workspace fix), the same
+kernel over chunks of that many tokens padded in a workspace, as its
+`_fp8_mixed_batch_kernel` runs them (`a_chunked`, pad and copies included);
+against (b)
 `_forward_fp8_kv_separate_prefill_decode`'s prefill: per workspace chunk
 (vLLM's `split_prefill_chunks`, `max_model_len` x 5 rows),
 `cp_gather_and_upconvert_fp8_kv_cache` into BF16, then `flash_mla_sparse_fwd`
@@ -228,6 +232,12 @@ def load_vllm() -> SimpleNamespace:
         )["_should_use_bf16_small_head_kernel"]
     except KeyError:  # older vLLM: no small-head BF16 kernel, always pad
         small_head = None
+    try:  # the series' mixed batch in chunks (absent from the release)
+        mixed_chunk = from_vllm_source(backend_py, ("FP8_MIXED_BATCH_CHUNK",))[
+            "FP8_MIXED_BATCH_CHUNK"
+        ]
+    except KeyError:
+        mixed_chunk = None
     try:
         split = from_vllm_source(
             "v1/attention/backends/utils.py",
@@ -253,6 +263,7 @@ def load_vllm() -> SimpleNamespace:
             else (lambda n, h: False)
         ),
         split_prefill_chunks=split,
+        mixed_chunk=mixed_chunk,
         v4_loaded={"checked": set()},  # writer name -> its call; those checked
         v4_failed={},  # writer name -> its error
     )
@@ -1092,12 +1103,14 @@ def prefill(v: SimpleNamespace, args: argparse.Namespace) -> list[dict]:
     print(
         f"\n## prefill: one step of {budget} prefill tokens, kernel us (L2 cold), "
         f"{args.prefill_rounds} rounds x {args.prefill_iters} calls; (a) mixed "
-        f"fp8 decode kernel, q padded to 64 x 576 (+ the pad); (b) upconvert + "
-        f"flash_mla_sparse_fwd unpadded, topk_length"
+        f"fp8 decode kernel, q padded to 64 x 576 (+ the pad); a/{v.mixed_chunk}: "
+        f"the series' mixed batch in chunks of that many, padded in a workspace; "
+        f"(b) upconvert + flash_mla_sparse_fwd unpadded, topk_length"
     )
     print(
         f"{'heads':>5} {'ctx':>6} {'reqs':>4} {'tokens':>6} {'a kernel':>10} "
-        f"{'a pad':>8} {'b kernel':>10} {'upconvert':>9} {'b/a':>6} "
+        f"{'a pad':>8} {'a chunked':>10} {'b kernel':>10} {'upconvert':>9} "
+        f"{'b/a':>6} {'b/a chunked':>11} "
         f"{'[range]':>13} {'|a-b|/|a|':>9}"
     )
     results = []
@@ -1117,16 +1130,17 @@ def prefill(v: SimpleNamespace, args: argparse.Namespace) -> list[dict]:
             if "error" in row:
                 print(f"{heads:>5} {ctx:>6} failed: {row['error']}")
                 continue
-            us, r = row["us"], row["ratio_b_over_a"]
+            us, r, rc = row["us"], row["ratio_b_over_a"], row["ratio_b_over_a_chunked"]
             cells = " ".join(
-                f"{us[k]:>{w}.0f}" if k in us else f"{'error':>{w}}"
-                for k, w in (("a_kernel", 10), ("a_pad", 8), ("b_kernel", 10))
-                + (("b_upconvert", 9),)
+                f"{us[k]:>{w}.0f}" if k in us else f"{'-':>{w}}"
+                for k, w in (("a_kernel", 10), ("a_pad", 8), ("a_chunked", 10))
+                + (("b_kernel", 10), ("b_upconvert", 9))
             )
             rng = f"[{r['min']:.2f}-{r['max']:.2f}]" if r else ""
             print(
                 f"{heads:>5} {ctx:>6} {row['requests']:>4} {row['tokens']:>6} "
                 f"{cells} {r['median'] if r else float('nan'):>6.2f} "
+                f"{rc['median'] if rc else float('nan'):>11.2f} "
                 f"{rng:>13} {row.get('a_vs_b_rel', float('nan')):>9.4f}",
                 flush=True,
             )
@@ -1193,6 +1207,40 @@ def prefill_row(v, args, heads, ctx, budget, flush) -> dict:
     except Exception as exc:
         errors["mixed_fp8"] = error_text(exc)
         out_a = None
+    if v.mixed_chunk and out_a is not None:  # the series' `_fp8_mixed_batch_kernel`
+        try:
+            chunk = min(v.mixed_chunk, tokens)
+            q_ws = q.new_zeros((chunk, padded, QK_WIDTH))
+            out_ws = q.new_empty((chunk, padded, KV_LORA_RANK))
+            out_c = q.new_empty((tokens, heads, KV_LORA_RANK))
+            metas = [fm.get_mla_metadata()[0], fm.get_mla_metadata()[0]]
+
+            def a_chunked() -> torch.Tensor:
+                for start in range(0, tokens, chunk):
+                    end = min(start + chunk, tokens)
+                    q_c = q_ws[None, : end - start]
+                    q_c[:, :, heads:].zero_()
+                    q_c[:, :, :heads] = q[None, start:end]
+                    out = fm.flash_mla_with_kvcache(
+                        q=q_c,
+                        k_cache=k_cache,
+                        block_table=dummy_block_table,
+                        head_dim_v=KV_LORA_RANK,
+                        cache_seqlens=cache_lens,
+                        tile_scheduler_metadata=metas[end - start < chunk],
+                        is_fp8_kvcache=True,
+                        indices=glob[:, start:end],
+                        softmax_scale=SOFTMAX_SCALE,
+                        out=out_ws[None, : end - start],
+                    )[0]
+                    out_c[start:end] = out[0, :, :heads]
+                return out_c
+
+            out = a_chunked().float()
+            chunked_vs_a = ((out - out_a).norm() / out_a.norm()).item()
+            fns["a_chunked"] = a_chunked
+        except Exception as exc:
+            errors["mixed_fp8_chunked"] = error_text(exc)
 
     # (b) _forward_fp8_kv_separate_prefill_decode's prefill chunks
     try:
@@ -1281,6 +1329,7 @@ def prefill_row(v, args, heads, ctx, budget, flush) -> dict:
         a_round = [r[col["a_kernel"]] + r[col["a_pad"]] for r in rounds]
     if "b_kernel" in col:
         b_round = [r[col["b_kernel"]] + r[col["b_upconvert"]] for r in rounds]
+    c_round = [r[col["a_chunked"]] for r in rounds] if "a_chunked" in col else None
     row = {
         "heads": heads,
         "ctx": ctx,
@@ -1301,9 +1350,17 @@ def prefill_row(v, args, heads, ctx, budget, flush) -> dict:
             else None
         ),
         "ratio_b_over_a_kernel": ratio(rounds, timed, "b_kernel", "a_kernel"),
+        "mixed_chunk": v.mixed_chunk,
+        "ratio_b_over_a_chunked": (
+            spread([b / c for c, b in zip(c_round, b_round, strict=True)])
+            if c_round and b_round
+            else None
+        ),
         "rounds_us": {k: [r[i] for r in rounds] for i, k in enumerate(timed)},
         "errors": errors,
     }
+    if "a_chunked" in fns:
+        row["a_chunked_vs_a_rel"] = chunked_vs_a
     if out_a is not None and out_b is not None:
         row["a_vs_b_rel"] = ((out_a - out_b).norm() / out_a.norm()).item()
         row["nan_b"] = bool(torch.isnan(out_b).any().item())
