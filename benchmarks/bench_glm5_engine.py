@@ -128,6 +128,9 @@ PATHS = {
     "auto": {"kv_cache_dtype": "auto"},
     "fp8": {"kv_cache_dtype": "fp8"},
     "fp8_e4m3": {"kv_cache_dtype": "fp8_e4m3"},
+    # The release's opt-in to FlashMLA's rows: on the pristine tree, the
+    # series' fp8 path without its FlashMLA sparse fixes.
+    "fp8_ds_mla": {"kv_cache_dtype": "fp8_ds_mla"},
     "fp8+fi": {
         "kv_cache_dtype": "fp8",
         "attention_backend": "FLASHINFER_MLA_SPARSE_SM90",
