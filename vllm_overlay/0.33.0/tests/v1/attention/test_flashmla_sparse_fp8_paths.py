@@ -118,7 +118,7 @@ def test_mixed_batch_reserves_one_chunk_and_no_prefill_path(
     impl = sparse_mla.impl(num_heads, rope)
     tokens = sparse_mla.config.scheduler_config.max_num_batched_tokens
     shapes = [shape for shape, _ in impl.workspace_specs]
-    assert shapes == [(tokens, num_heads, 576), (512, 64, 576), (512, 64, 512)]
+    assert shapes == [(tokens, num_heads, 576), (1024, 64, 576), (1024, 64, 512)]
 
 
 def test_separate_path_keeps_its_prefill_workspace(sparse_mla):

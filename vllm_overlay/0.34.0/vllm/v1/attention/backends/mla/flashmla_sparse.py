@@ -77,7 +77,7 @@ MIN_HEADS_FOR_BF16_PREFILL = 32
 # The mixed batch runs its tokens through the FP8 decode kernel in chunks of
 # at most this many, so that the head-padded query and output it needs fit a
 # workspace reserved at startup instead of growing with the step.
-FP8_MIXED_BATCH_CHUNK = 512
+FP8_MIXED_BATCH_CHUNK = 1024
 
 
 def fp8_uses_mixed_batch(
