@@ -92,6 +92,7 @@ def fp8_uses_mixed_batch(
         and not pcp_dcp_kv_gather
     )
 
+
 """
 NOTE: FlashMLA Sparse uses an fp8 cache with the following format
 

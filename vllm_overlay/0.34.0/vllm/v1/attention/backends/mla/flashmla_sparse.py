@@ -93,6 +93,7 @@ def fp8_uses_mixed_batch(
         and not pcp_dcp_kv_gather
     )
 
+
 # Under DCP each rank owns ~1/dcp of the top-k slots. From this many tokens on,
 # compacting them to the row front and bounding the kernel with `topk_length`
 # saves more than the per-call tile-scheduler rebuild it requires (the shared
