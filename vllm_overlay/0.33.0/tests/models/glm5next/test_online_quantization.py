@@ -67,6 +67,17 @@ def test_bf16_checkpoint_without_targets_keeps_attention_projections_bf16(
     assert warned is (case in ("online+linear", "mxfp8-shorthand"))
 
 
+@pytest.mark.parametrize("case", list(CASES)[:2])
+def test_checkpoint_with_linear_says_it_reaches_attention_projections(
+    case, glm5_flash_attn, caplog_vllm, monkeypatch
+):
+    logger = init_logger("vllm.models.glm5next.quant_config")
+    monkeypatch.setattr(logger, "info_once", logger.info)  # one per case
+    glm5_flash_attn(0, *CASES[case])
+    said = "linear scheme also reaches the KDA, MLA" in caplog_vllm.text
+    assert said is (case == "checkpoint+linear")
+
+
 @pytest.mark.parametrize("projection", ["q_b_proj", "fused_qkv_a_proj"])
 def test_fp8_mla_weights_reach_online_target_as_bf16(projection, glm5_flash_attn):
     """Block-FP8 MLA weights are dequantized, then online-quantized as BF16 ones."""

@@ -31,7 +31,8 @@ def bf16_projection_quant_config(
     online quantization does:
 
     - with a quantized checkpoint, the online config composed through
-      ``--quantization-config``, in any form (``linear`` or ``targets``);
+      ``--quantization-config``, in any form (``linear``, said once at
+      startup, or ``targets``);
     - with a BF16 checkpoint, the online config only when it names
       ``targets``; ``linear``, from ``--quantization online`` or a shorthand
       such as ``--quantization mxfp8``, leaves them BF16 (with a warning);
@@ -41,7 +42,15 @@ def bf16_projection_quant_config(
     if quant_config is None:
         return None
     if not isinstance(quant_config, OnlineQuantizationConfig):
-        return quant_config.online_quantization_config
+        online = quant_config.online_quantization_config
+        if online is not None and online.args.targets is None:
+            logger.info_once(
+                "GLM-5.3-Flash: online quantization's linear scheme also reaches "
+                "the KDA, MLA and DSA-indexer attention projections of this "
+                "quantized checkpoint; name targets instead of linear to keep "
+                "them BF16."
+            )
+        return online
     if quant_config.args.targets is not None:
         return quant_config
     if quant_config.args.linear is not None:
