@@ -387,7 +387,7 @@ def test_a_failure_after_the_first_branch_leaves_no_branch(
         str(out),
     )
     assert result.returncode == 1
-    assert "could not create the branches" in result.stderr and "x/y" in result.stderr
+    assert "could not put branches x, x/y" in result.stderr and "x/y" in result.stderr
     assert "Traceback" not in result.stderr
     assert state(checkout) == before
     assert not out.exists()
