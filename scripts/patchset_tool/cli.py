@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import zipfile
 from types import FrameType
 
@@ -87,6 +88,9 @@ def exit_status(code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     stop_on_signals()
+    if (tmp := os.environ.get("TMPDIR")) and not os.path.isabs(tmp):
+        os.environ["TMPDIR"] = os.path.abspath(tmp)  # git runs in other folders
+        tempfile.tempdir = None
     try:
         parser = build_parser()
         if argv[:1] and argv[0] in report.REPORTS:

@@ -185,7 +185,7 @@ def _undone(what: str, exc: Exception, undo: Undo) -> PatchsetError:
 def _one_line(exc: BaseException) -> str:
     if isinstance(exc, PatchsetError):
         lines = str(exc).splitlines() or [""]
-        return lines[0] + (f": {lines[-1].strip()}" if len(lines) > 1 else "")
+        return lines[0].rstrip(":") + (f": {lines[-1].strip()}" * (len(lines) > 1))
     return describe_fault(exc)
 
 

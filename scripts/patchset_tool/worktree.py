@@ -580,21 +580,20 @@ def _replace(target: Path, data: bytes | None, undo: gitutil.Undo) -> Path | Non
     step is over (removed after it), if there was one."""
     missing = [d for d in [target.parent, *target.parent.parents] if not d.exists()]
     for folder in reversed(missing):
-        undo.append(partial(_rmdir_if_empty, folder))
+        undo.append(partial(_remove, folder))
         folder.mkdir()
     new = target.with_name(f".{target.name}.patchset-new")
     keep = target.with_name(f".{target.name}.patchset-old")
-    undo.append(partial(new.unlink, missing_ok=True))
-    undo.append(partial(keep.unlink, missing_ok=True))
+    undo += [partial(_remove, new), partial(_remove, keep)]
     if data is None and not target.is_file():
         return None
     if data is not None:
         new.write_bytes(data)
     if not target.is_file():
-        undo.append(partial(target.unlink, missing_ok=True))
+        undo.append(partial(_remove, target))
         os.replace(new, target)
         return None
-    keep.unlink(missing_ok=True)
+    _remove(keep)
     os.link(target, keep)
     undo.append(partial(os.replace, keep, target))
     if data is None:
@@ -604,9 +603,14 @@ def _replace(target: Path, data: bytes | None, undo: gitutil.Undo) -> Path | Non
     return keep
 
 
-def _rmdir_if_empty(folder: Path) -> None:
-    if folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
+def _remove(path: Path) -> None:
+    """Remove the file `path`, or the folder if it is empty, where it is
+    there (a read-only filesystem refuses even to remove what is not)."""
+    if path.is_dir() and not path.is_symlink():
+        if not any(path.iterdir()):
+            path.rmdir()
+    elif os.path.lexists(path):
+        path.unlink()
 
 
 def _note_untracked(work: Path) -> None:
