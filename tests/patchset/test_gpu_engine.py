@@ -220,6 +220,27 @@ def test_collect_compares_trees_and_replaces_the_results_whole(tmp_path: Path) -
     assert f"{UP}: passed pristine, failed patched" in report
 
 
+def test_collect_claims_only_the_fixes_the_run_holds(tmp_path: Path) -> None:
+    run = a_run(tmp_path, "out")
+    lacking = "tests/config/test_draft_kv_cache_dtype.py::test_drafter"
+    report = gpu.collect(run, tmp_path / "results", {FIX, lacking})
+    assert "departures" not in report
+    assert "the 1 claimed fix(es) the run holds" in report
+    assert (
+        f"claimed fixes the run lacks (1; it vouches for none of them):\n  {lacking}"
+        in report
+    )
+
+
+@pytest.mark.parametrize("folder", [".previous", ".incoming"])
+def test_collect_refuses_its_own_scratch_folders(tmp_path: Path, folder: str) -> None:
+    dest = tmp_path / "results"
+    own = a_run(tmp_path, "results" + folder)
+    with pytest.raises(PatchsetError, match="overlaps"):
+        gpu.collect(own, dest)
+    assert (own / "device.txt").is_file(), "left as it was"
+
+
 def test_collect_refuses_an_empty_run_and_its_own_folder(tmp_path: Path) -> None:
     dest = tmp_path / "results"
     dest.mkdir()
