@@ -186,6 +186,37 @@ def test_device_script_unpacks_parts_and_builds_both_trees(tmp_path: Path) -> No
         assert (root / f"tree-{tree}/vllm/_C.abi3.so").read_bytes() == b"so"
 
 
+def engine_stage(stage: Path, series: str, patched: bytes) -> Path:
+    """A two-part engine stage of `series` whose patched model.py is `patched`."""
+    manifest = json.dumps(
+        {"vllm": "0.34.0", "series": series, "parts": ["part1", "part2"]}
+    )
+    for part in ("part1", "part2"):
+        (stage / part).mkdir(parents=True)
+        (stage / part / "MANIFEST.json").write_text(manifest)
+    (stage / "part1" / "ext-vllm+_C.abi3.so.xz").write_bytes(lzma.compress(b"so"))
+    tar_xz(stage / "part2" / "vllm-py.tar.xz", {"vllm/model.py": b"OLD = 1\n"})
+    tar_xz(stage / "part2" / "vllm-patched.tar.xz", {"vllm/model.py": patched})
+    return stage
+
+
+def test_a_second_stage_on_a_warm_machine_never_runs_on_the_first_ones_trees(
+    tmp_path: Path,
+) -> None:
+    first = engine_stage(tmp_path / "a", "aaaa", b"NEW = 1\n")
+    second = engine_stage(tmp_path / "b", "bbbb", b"NEW = 2\n")
+    root = tmp_path / "root"
+    for part in ("part1", "part2"):
+        gpu_device.unpack(first / part, root)
+    gpu_device.prepare(first / "part2", root)
+    gpu_device.unpack(second / "part2", root)
+    with pytest.raises(SystemExit):
+        gpu_device.prepare(second / "part2", root)  # its part1 never unpacked
+    gpu_device.unpack(second / "part1", root)
+    gpu_device.prepare(second / "part2", root)
+    assert (root / "tree-patched/vllm/model.py").read_text() == "NEW = 2\n"
+
+
 def junit(path: Path, cases: dict[str, str]) -> Path:
     rows = []
     for node, outcome in cases.items():
