@@ -1,11 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The exception types the tool raises (bad input, a stopping signal),
-and the one line that names a fault of the machine."""
+holding signals back while a step must not be cut, and the one line that
+names a fault of the machine."""
 
+import contextlib
 import errno
 import shutil
+import signal
 import subprocess
+import threading
+from collections.abc import Iterator
 
 
 class PatchsetError(Exception):
@@ -27,6 +32,34 @@ class Terminated(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+
+
+HELD: list[list[int]] = []
+"""While `signals_held` runs: the signals it held back."""
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Run the body with SIGINT, SIGTERM and SIGHUP held back; one that
+    came meanwhile is raised (`Terminated`) once the body is done. Off the
+    main thread (the parts of `test`), where no signal is delivered, the
+    body just runs."""
+    held: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    old = {
+        signum: signal.signal(signum, lambda signum, _: held.append(signum))
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        if main
+    }
+    HELD.append(held)
+    try:
+        yield
+    finally:
+        HELD.remove(held)
+        for signum, handler in old.items():
+            signal.signal(signum, handler)
+    if held:
+        raise Terminated(held[0])
 
 
 DEBUG_VAR = "PATCHSET_DEBUG"

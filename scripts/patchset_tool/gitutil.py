@@ -19,16 +19,15 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import subprocess
-import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
+from . import trees
 from .bases import Base, release_order
-from .errors import PatchsetError, Terminated, describe_fault
+from .errors import HELD, PatchsetError, describe_fault, signals_held
 from .series import Patch
 
 FAILED_AT = re.compile(r"error: patch failed: (\S+):(\d+)")
@@ -36,6 +35,7 @@ AM_FAILED = re.compile(r"Patch failed at (\d{4})")
 EXISTS = re.compile(r"error: (\S+): already exists in (?:working directory|index)")
 CORRUPT = re.compile(r"(corrupt patch at line \d+)")
 TOOL_NAME, TOOL_EMAIL = "patchset", "patchset@localhost"
+T = TypeVar("T")
 IDENTITY = ("-c", f"user.name={TOOL_NAME}", "-c", f"user.email={TOOL_EMAIL}")
 """git options that make the tool the author of the commits it makes."""
 
@@ -89,10 +89,6 @@ DIFF_FLAGS = {
 
 PUBLISHED: list[str] = []
 """What `publishing` put in place in this run (for the interrupt message)."""
-_held: list[list[int]] = []
-"""While `publishing` runs: the signals it held back."""
-
-
 Undo = list[Callable[[], object]]
 """The steps that put back what a publishing step changed, last first."""
 
@@ -100,34 +96,32 @@ Undo = list[Callable[[], object]]
 @contextlib.contextmanager
 def publishing(what: str) -> Iterator[Undo]:
     """Run the body (the step that puts a command's result in place) with
-    SIGINT, SIGTERM and SIGHUP held back, its git in a session of its own
-    (a signal to the process group misses it too); a signal that came
-    meanwhile is raised once `what` is in place. The body registers, before
-    each change, how to put it back; if the body fails, every one of those
-    steps runs (last first, each even when another fails) and the error
-    says whether all is as it was. Off the main thread (the parts of
-    `test`), where no signal is delivered, the body just runs."""
-    held: list[int] = []
-    main = threading.current_thread() is threading.main_thread()
-    old = {
-        signum: signal.signal(signum, lambda signum, _: held.append(signum))
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-        if main
-    }
-    _held.append(held)
+    SIGINT, SIGTERM and SIGHUP held back (`signals_held`), its git in a
+    session of its own (a signal to the process group misses it too). The
+    body registers, before each change, how to put it back; if the body
+    fails, every one of those steps runs (last first, each even when
+    another fails) and the error says whether all is as it was."""
     undo: Undo = []
-    try:
+    with signals_held():
         try:
             yield undo
         except Exception as exc:
             raise _undone(what, exc, undo) from exc
         PUBLISHED.append(what)
-    finally:
-        _held.remove(held)
-        for signum, handler in old.items():
-            signal.signal(signum, handler)
-    if held:
-        raise Terminated(held[0])
+
+
+def publish_folder(dest: Path, write: Callable[[Path], T]) -> T:
+    """`write(folder)` into a staging folder beside `dest`, then put the
+    folder in place of `dest` by `publishing`: an interrupt or a failure
+    leaves `dest` as it was or whole. Return what `write` returned."""
+    with trees.locked(dest), trees.staging(dest) as work:
+        result = write(work / "new")
+        with publishing(str(dest)) as undo:
+            if dest.exists():
+                dest.rename(work / "old")
+                undo.append(partial(os.rename, work / "old", dest))
+            (work / "new").rename(dest)
+    return result
 
 
 def git(
@@ -150,7 +144,7 @@ def git(
         input=input,
         capture_output=True,
         env=git_env(env),
-        start_new_session=bool(_held),
+        start_new_session=bool(HELD),
     )
     if check and proc.returncode:
         command = f"git {' '.join(args)}"[:200]
@@ -434,8 +428,8 @@ def scratch_clone(src: Path, commit: str = "HEAD") -> Iterator[Path]:
     """A throw-away clone of `src` checked out at `commit`, sharing its
     objects (`git clone --shared`) and its committer identity; nothing is
     written into `src`, whatever happens in the clone. Removed on exit."""
-    with tempfile.TemporaryDirectory(prefix="patchset-scratch-") as tmp:
-        clone = Path(tmp) / "clone"
+    with trees.scratch("patchset-scratch-") as tmp:
+        clone = tmp / "clone"
         shared = ("--quiet", "--shared", "--no-checkout", str(src), str(clone))
         git("clone", *shared, cwd=src)
         for key in ("user.name", "user.email"):

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from functools import partial
 from pathlib import Path
 
@@ -240,15 +239,20 @@ def write_new_series(work: Path, base: Base) -> list[str]:
             "of a declared base's series (is the rebase unfinished, or this "
             f"not `rebase --onto {base.version}`'s work tree?); nothing was written"
         )
-    with tempfile.TemporaryDirectory(prefix="patchset-series-") as tmp:
+    with trees.scratch("patchset-series-") as tmp:
         made = git(
-            "format-patch", "--full-index", "-o", tmp, f"{BASE_TAG}..HEAD", cwd=work
+            "format-patch",
+            "--full-index",
+            "-o",
+            str(tmp),
+            f"{BASE_TAG}..HEAD",
+            cwd=work,
         ).stdout.split()
         names = [Path(m).name for m in made]
-        (Path(tmp) / "series").write_text("".join(n + "\n" for n in names))
-        fresh = Series(base, load_series(Path(tmp)))
+        (tmp / "series").write_text("".join(n + "\n" for n in names))
+        fresh = Series(base, load_series(tmp))
         writes: dict[Path, bytes | None] = {
-            base.patches / n: (Path(tmp) / n).read_bytes() for n in [*names, "series"]
+            base.patches / n: (tmp / n).read_bytes() for n in [*names, "series"]
         }
         head = git("rev-parse", "HEAD", cwd=work).stdout.strip()
         for path in fresh.touched:
@@ -328,8 +332,8 @@ def _snapshot(work: Path) -> str:
     with a scratch index so that the user's index is left alone."""
     index = Path(git("rev-parse", "--git-path", "index", cwd=work).stdout.strip())
     index = index if index.is_absolute() else work / index
-    with tempfile.TemporaryDirectory(prefix="patchset-index-") as tmp:
-        scratch = Path(tmp) / "index"
+    with trees.scratch("patchset-index-") as tmp:
+        scratch = tmp / "index"
         if index.is_file():
             shutil.copy2(index, scratch)  # its mtime: git's racy-clean check
         env = {**os.environ, "GIT_INDEX_FILE": str(scratch)}
@@ -383,8 +387,8 @@ def _fold(work: Path, target: str, tree: str) -> str:
     left = (
         f"the edits are left uncommitted in {work}, as they were (nothing was changed)"
     )
-    with tempfile.TemporaryDirectory(prefix="patchset-fold-") as tmp:
-        clone = Path(tmp) / "clone"
+    with trees.scratch("patchset-fold-") as tmp:
+        clone = tmp / "clone"
         git(
             "clone",
             "--quiet",
@@ -464,8 +468,7 @@ def refresh(number: int, work: Path, base: Base) -> list[str]:
     if _refuse_unfoldable(work, tree, base):
         head = _fold(work, commits[number - 1], tree)
         commits = series_commits(work, patches, new=new, head=head)
-    with tempfile.TemporaryDirectory(prefix="patchset-refresh-") as tmp:
-        staging = Path(tmp)
+    with trees.scratch("patchset-refresh-") as staging:
         names = [p.name for p in patches]
         texts = {p.name: p.path.read_text() for p in patches}
         for patch, commit in list(zip(patches, commits))[number - 1 :]:

@@ -138,6 +138,7 @@ def test_a_full_temporary_disk_is_said_first(
     result = in_mount_namespace(script, project.root, project.env)
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith("patchset: error: no space left on the device")
+    assert result.stderr.count("\n") == 1, "one line, not git's every file"
 
 
 def test_refresh_regenerates_patch_and_overlay(project: Project, work: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from projectkit import (
     PROBE,
+    REPO,
     SPDX,
     Project,
     git,
@@ -299,3 +300,59 @@ def test_a_relative_tmpdir_writes_nothing_into_the_checkout(
     assert result.returncode == 0, result.stderr
     assert git("status", "--porcelain", "--untracked-files=all", cwd=checkout) == ""
     assert not list(project.root.glob("patchset-*")), "scratch left behind"
+
+
+# --- removing a scratch folder, writing a GPU stage: whole, whatever comes ---------
+
+IN_PROCESS = """
+import os, shutil, signal, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from patchset_tool import gitutil
+case, where = sys.argv[2], Path(sys.argv[3])
+real = shutil.rmtree
+
+
+def interrupted(path, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)
+    real(path, *args, **kwargs)
+
+
+def write(new, fault):
+    new.mkdir()
+    (new / "part1").write_text("new")
+    raise fault
+
+
+try:
+    if case == "scratch-clone":
+        shutil.rmtree = interrupted
+        with gitutil.scratch_clone(where) as clone:
+            print(clone.parent, flush=True)
+    else:
+        fault = OSError(28, "full") if case == "stage-fails" else KeyboardInterrupt()
+        gitutil.publish_folder(where, lambda new: write(new, fault))
+except (KeyboardInterrupt, OSError) as exc:
+    print("stopped:", type(exc).__name__)
+"""
+
+
+@pytest.mark.parametrize("case", ["scratch-clone", "stage-interrupted", "stage-fails"])
+def test_a_signal_or_a_fault_leaves_no_part_of_a_folder(
+    series: Path, tmp_path: Path, case: str
+) -> None:
+    stage = tmp_path / "build" / "gpu" / "stage"
+    stage.mkdir(parents=True)
+    (stage / "part1").write_text("old")
+    where = series if case == "scratch-clone" else stage
+    result = subprocess.run(
+        [sys.executable, "-c", IN_PROCESS, str(REPO / "scripts"), case, str(where)],
+        capture_output=True,
+        text=True,
+    )
+    assert "stopped:" in result.stdout, result.stdout + result.stderr
+    if case == "scratch-clone":
+        assert not Path(result.stdout.splitlines()[0]).exists(), "scratch left"
+    assert (stage / "part1").read_text() == "old"
+    left = [p.name for p in stage.parent.iterdir() if not p.name.endswith(".lock")]
+    assert left == ["stage"]
