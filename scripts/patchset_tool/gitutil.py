@@ -59,26 +59,14 @@ def git_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return fixed
 
 
-NEUTRAL = tuple(
-    arg
-    for setting in (
-        "color.ui=never",
-        "color.diff=never",
-        "color.status=never",
-        "color.branch=never",
-        "core.pager=cat",
-        "diff.noprefix=false",
-        "diff.mnemonicPrefix=false",
-        "diff.relative=false",
-        "diff.context=3",
-        "log.showSignature=false",
-        "format.attach=",
-        "format.signOff=false",
-        "format.subjectPrefix=PATCH",
-        "format.suffix=.patch",
-    )
-    for arg in ("-c", setting)
+SETTINGS = (
+    "color.ui=never color.diff=never color.status=never color.branch=never "
+    "core.pager=cat diff.noprefix=false diff.mnemonicPrefix=false "
+    "diff.relative=false diff.context=3 log.showSignature=false "
+    "format.attach= format.signOff=false format.subjectPrefix=PATCH "
+    "format.suffix=.patch"
 )
+NEUTRAL = tuple(arg for setting in SETTINGS.split() for arg in ("-c", setting))
 """Settings of a user's git configuration that would change the output the
 tool reads (aliases never replace git's own commands)."""
 DIFF_FLAGS = {
@@ -424,10 +412,13 @@ def am_series(src: Path, patches: list[Patch]) -> None:
 
 
 @contextlib.contextmanager
-def scratch_clone(src: Path, commit: str = "HEAD") -> Iterator[Path]:
-    """A throw-away clone of `src` checked out at `commit`, sharing its
-    objects (`git clone --shared`) and its committer identity; nothing is
-    written into `src`, whatever happens in the clone. Removed on exit."""
+def scratch_clone(
+    src: Path, commit: str = "HEAD", sparse: list[str] | None = None
+) -> Iterator[Path]:
+    """A throw-away clone of `src` checked out at `commit` (only the paths
+    `sparse` lists, if given), sharing its objects (`git clone --shared`)
+    and its committer identity; nothing is written into `src`, whatever
+    happens in the clone. Removed on exit."""
     with trees.scratch("patchset-scratch-") as tmp:
         clone = tmp / "clone"
         shared = ("--quiet", "--shared", "--no-checkout", str(src), str(clone))
@@ -436,6 +427,11 @@ def scratch_clone(src: Path, commit: str = "HEAD") -> Iterator[Path]:
             value = git("config", "--get", key, cwd=src, check=False).stdout.strip()
             if value:
                 git("config", key, value, cwd=clone)
+        if sparse is not None:
+            git("config", "core.sparseCheckout", "true", cwd=clone)
+            listed = clone / ".git" / "info" / "sparse-checkout"
+            listed.parent.mkdir(parents=True, exist_ok=True)
+            listed.write_text("".join(f"/{path}\n" for path in sparse))
         sha = git("rev-parse", "--verify", f"{commit}^{{commit}}", cwd=src).stdout
         git("checkout", "--quiet", "--detach", sha.strip(), cwd=clone)
         yield clone
@@ -456,10 +452,10 @@ def fast_forward(src: Path, old: str, new: str, undo: Undo) -> None:
     and files (refusing to overwrite an untracked file), then HEAD,
     registering in `undo` how to put each back."""
     added = git(
-        "diff-tree", "-r", "--name-only", "--no-renames", "--diff-filter=A", old, new,
-        cwd=src,
-    ).stdout.splitlines()  # fmt: skip
-    ours = [src / p for p in added if not os.path.lexists(src / p)]
+        "diff-tree", "-r", "-z", "--name-only", "--no-renames", "--diff-filter=A",
+        old, new, cwd=src,
+    ).stdout.split("\0")  # fmt: skip
+    ours = [src / p for p in added if p and not os.path.lexists(src / p)]
     undo.append(partial(git, "read-tree", "--reset", "-u", old, cwd=src))
     undo.append(partial(_remove, ours, src))
     git("read-tree", "-m", "-u", old, new, cwd=src)

@@ -387,49 +387,18 @@ def _fold(work: Path, target: str, tree: str) -> str:
     left = (
         f"the edits are left uncommitted in {work}, as they were (nothing was changed)"
     )
-    with trees.scratch("patchset-fold-") as tmp:
-        clone = tmp / "clone"
-        git(
-            "clone",
-            "--quiet",
-            "--shared",
-            "--no-checkout",
-            str(work),
-            str(clone),
-            cwd=work,
-        )
-        git("config", "core.sparseCheckout", "true", cwd=clone)
-        sparse = clone / ".git" / "info" / "sparse-checkout"
-        sparse.parent.mkdir(parents=True, exist_ok=True)
-        sparse.write_text("".join(f"/{path}\n" for path in touched))
-        git("checkout", "--quiet", "--detach", fixup, cwd=clone)
+    with gitutil.scratch_clone(work, fixup, sparse=touched) as clone:
         proc = git(
-            *IDENTITY,
-            "rebase",
-            "--quiet",
-            "-i",
-            "--autosquash",
-            f"{target}^",
-            cwd=clone,
-            env=env,
-            check=False,
-        )
+            *IDENTITY, "rebase", "--quiet", "-i", "--autosquash", f"{target}^",
+            cwd=clone, env=env, check=False,
+        )  # fmt: skip
         if proc.returncode:
             raise PatchsetError(
                 f"folding the edits into {target[:12]} conflicts with a later "
                 f"patch; {left}.\n{proc.stdout}{proc.stderr}"
             )
-        git("branch", "--quiet", "patchset-folded", "HEAD", cwd=clone)
         folded = git("rev-parse", "HEAD", cwd=clone).stdout.strip()
-        git(
-            "fetch",
-            "--quiet",
-            "--no-tags",
-            "--no-write-fetch-head",
-            str(clone),
-            "refs/heads/patchset-folded",
-            cwd=work,
-        )
+        gitutil.fetch_commits(work, clone, [folded])
     if git("rev-parse", f"{folded}^{{tree}}", cwd=work).stdout.strip() != tree:
         raise PatchsetError(
             f"folding the edits into {target[:12]} changes what a later patch "
