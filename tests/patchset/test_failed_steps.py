@@ -234,17 +234,27 @@ def test_an_interrupted_rebase_leaves_no_work_tree(
     assert [n for n in left if not n.endswith(".lock")] == [], left
 
 
-def test_refresh_refuses_a_work_tree_not_on_its_base(
+@pytest.mark.parametrize(
+    "spoil, words",
+    [
+        (["reset", "--quiet", "--hard", "ORIG_HEAD"], "does not descend from"),
+        (["commit", "--quiet", "--allow-empty", "-m", "wip"], "not one commit per"),
+    ],
+    ids=["un-rebased", "extra-commit"],
+)
+def test_refresh_refuses_a_work_tree_that_is_not_the_port(
     ported: Project,  # noqa: F811
     tmp_path: Path,
+    spoil: list[str],
+    words: str,
 ) -> None:
-    """The rebase's ORIG_HEAD: the series still on the older release."""
+    """Un-rebased: the rebase's ORIG_HEAD, the series on the older release."""
     with_history(ported, tmp_path, new_x05="x05 = 5")
     assert ported.patchset("rebase", "--onto", NEW).returncode == 0
     work = ported.build(NEW) / "work"
-    git("reset", "--quiet", "--hard", "ORIG_HEAD", cwd=work)
+    git(*spoil, cwd=work)
     result = ported.patchset("refresh", "1", "--base", NEW)
-    assert "does not descend from patchset-base" in one_error(result)
+    assert words in one_error(result)
     assert not ported.patches(NEW).exists() or not any(ported.patches(NEW).iterdir())
 
 
