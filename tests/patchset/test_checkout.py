@@ -28,15 +28,6 @@ def checkout(series: Path, tmp_path: Path) -> Path:
     return clone
 
 
-@pytest.fixture
-def work(project: Project, series: Path, history: Path, tmp_path: Path) -> Path:
-    """`patchset worktree`: the release's source plus the series."""
-    dest = tmp_path / "work"
-    result = project.patchset("worktree", "--dest", str(dest))
-    assert result.returncode == 0, result.stderr
-    return dest
-
-
 def state(repo: Path) -> tuple[str, str]:
     return (git("rev-parse", "HEAD", cwd=repo), git("status", "--porcelain", cwd=repo))
 

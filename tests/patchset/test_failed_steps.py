@@ -23,7 +23,7 @@ from projectkit import (
     write_series,
 )
 from test_bases import NEW, ported, with_history  # noqa: F401
-from test_export import exporter_env, written  # noqa: F401
+from test_export import exporter_env, make_checkout, written  # noqa: F401
 
 REFUSE = """#!/bin/sh
 [ "$1" = prepared ] || { cat >/dev/null; exit 0; }
@@ -57,26 +57,13 @@ def one_error(result: subprocess.CompletedProcess[str]) -> str:
     return result.stderr
 
 
-@pytest.fixture
-def work(project: Project, series: Path, history: Path, tmp_path: Path) -> Path:
-    dest = tmp_path / "work"
-    assert project.patchset("worktree", "--dest", str(dest)).returncode == 0
-    return dest
-
-
-def checkout_of(series: Path, where: Path) -> Path:
-    git("clone", "--quiet", str(series), str(where), cwd=where.parent)
-    git("reset", "--quiet", "--hard", "base", cwd=where)
-    return where
-
-
 # --- a failing last step into the user's checkout ---------------------------------
 
 
 def test_a_hook_refusing_the_ref_update_leaves_the_checkout_as_it_was(
     project: Project, series: Path, tmp_path: Path
 ) -> None:
-    checkout = checkout_of(series, tmp_path / "checkout")
+    checkout = make_checkout(series, tmp_path)
     hook = checkout / ".git" / "hooks" / "reference-transaction"
     hook.write_text(REFUSE)
     hook.chmod(0o755)
@@ -301,7 +288,7 @@ def test_refresh_reads_git_as_git_whatever_the_users_configuration(
 def test_a_relative_tmpdir_writes_nothing_into_the_checkout(
     project: Project, series: Path, tmp_path: Path, command: str
 ) -> None:
-    checkout = checkout_of(series, tmp_path / "checkout")
+    checkout = make_checkout(series, tmp_path)
     env = {**exporter_env(project, tmp_path / "home"), "TMPDIR": "."}
     args = command.split() + ["--vllm-src", str(checkout)]
     if command == "export":
