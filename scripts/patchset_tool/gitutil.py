@@ -103,6 +103,7 @@ def publish_folder(dest: Path, write: Callable[[Path], T]) -> T:
     folder in place of `dest` by `publishing`: an interrupt or a failure
     leaves `dest` as it was or whole. Return what `write` returned."""
     with trees.locked(dest), trees.staging(dest) as work:
+        trees.remove_stale(dest)  # only the marked staging folders a killed run left
         result = write(work / "new")
         with publishing(str(dest)) as undo:
             if dest.exists():
