@@ -316,8 +316,9 @@ def apply_to_checkout(
     with gitutil.scratch_clone(src) as scratch:
         gitutil.am_series(scratch, series.patches)
         if not check:
+            old = gitutil.git("rev-parse", "HEAD", cwd=src).stdout.strip()
             head = gitutil.git("rev-parse", "HEAD", cwd=scratch).stdout.strip()
-            with gitutil.publishing(f"the series' commits on {src}"):
+            with gitutil.publishing(f"the series' commits on {src}") as undo:
                 gitutil.fetch_commits(src, scratch, [head])
-                gitutil.git("merge", "--ff-only", "--quiet", head, cwd=src)
+                gitutil.fast_forward(src, old, head, undo)
     return len(series.patches), time.monotonic() - start

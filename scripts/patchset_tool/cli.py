@@ -5,18 +5,17 @@ subcommands (each in its own module under `commands/`)."""
 
 import argparse
 import csv
-import errno
 import os
-import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import zipfile
 from types import FrameType
 
 from . import gitutil
 from .commands import COMMANDS, options, report
-from .errors import PatchsetError, Terminated
+from .errors import DEBUG_VAR, PatchsetError, Terminated, describe_fault, shorten
 
 START_HERE = """\
 where to start:
@@ -56,49 +55,8 @@ EXPECTED_FAULTS = (
 """Faults of the machine or of a file (missing, unreadable, read-only,
 disk full, not JSON, truncated, a failed or hanging helper process): one
 line, not a traceback."""
-DEBUG_VAR = "PATCHSET_DEBUG"
-MESSAGE_LIMIT = 400
-"""Characters of a fault's text that a message shows (a huge input is cut)."""
 LINE_LIMIT = 1000
 """Characters of each line of an error message (an echoed input is cut)."""
-
-
-def shorten(text: str, limit: int = MESSAGE_LIMIT) -> str:
-    """`text` on one line, cut to `limit` characters."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _no_space(exc: BaseException) -> str | None:
-    """Where a write ran out of space, if `exc` (or, for a failed tree
-    copy, any of its errors) is ENOSPC."""
-    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list):
-        for _src, dst, why in exc.args[0]:
-            if "No space left" in str(why):
-                return str(dst)
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return str(exc.filename or "")
-    return None
-
-
-def describe_fault(exc: BaseException) -> str:
-    """One short line naming what failed and where."""
-    if (where := _no_space(exc)) is not None:
-        place = f" (writing {shorten(where, 200)})" if where else ""
-        return f"no space left on the device{place}; free space and run again"
-    if isinstance(exc, OSError) and exc.filename is not None:
-        where = str(exc.filename)
-        if exc.filename2 is not None:
-            where = f"{where} -> {exc.filename2}"
-        return shorten(f"{where}: {exc.strerror or exc}")
-    if isinstance(exc, subprocess.CalledProcessError):
-        command = exc.cmd if isinstance(exc.cmd, str) else " ".join(map(str, exc.cmd))
-        return shorten(f"`{command}` exited {exc.returncode}")
-    if isinstance(exc, subprocess.TimeoutExpired):
-        command = exc.cmd if isinstance(exc.cmd, str) else " ".join(map(str, exc.cmd))
-        return shorten(f"`{command}` did not finish in {exc.timeout:.0f} s")
-    text = shorten(str(exc)) or type(exc).__name__
-    return f"{text} ({type(exc).__name__}; {DEBUG_VAR}=1 shows the traceback)"
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -130,6 +88,9 @@ def exit_status(code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     stop_on_signals()
+    if (tmp := os.environ.get("TMPDIR")) and not os.path.isabs(tmp):
+        os.environ["TMPDIR"] = os.path.abspath(tmp)  # git runs in other folders
+        tempfile.tempdir = None
     try:
         parser = build_parser()
         if argv[:1] and argv[0] in report.REPORTS:

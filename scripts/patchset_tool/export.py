@@ -17,6 +17,7 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from . import gitutil, prdesc, trees
@@ -371,23 +372,19 @@ def export(
                 )
             )
         refs = "".join(f"create refs/heads/{n} {h}\n" for n, h in zip(names, heads))
-        with gitutil.publishing(f"branches {', '.join(names)} in {src}"):
+        with gitutil.publishing(f"branches {', '.join(names)} in {src}") as undo:
             # One transaction: every branch, or none (and so its undoing).
-            made_refs = gitutil.git(
-                "update-ref", "--stdin", cwd=src, input=refs, check=False
+            gitutil.git("update-ref", "--stdin", cwd=src, input=refs)
+            undo.append(
+                partial(
+                    gitutil.git,
+                    "update-ref",
+                    "--stdin",
+                    cwd=src,
+                    input=refs.replace("create ", "delete "),
+                )  # fmt: skip
             )
-            if made_refs.returncode:
-                said = (made_refs.stderr.strip().splitlines() or ["?"])[-1]
-                raise PatchsetError(
-                    f"export: could not create the branches in {src} ({said}); "
-                    "no branch and no description was left"
-                )
-            try:
-                _put_in_place(staging, out_dir)
-            except BaseException:
-                undo = refs.replace("create ", "delete ")
-                gitutil.git("update-ref", "--stdin", cwd=src, input=undo, check=False)
-                raise
+            _put_in_place(staging, out_dir)
     except BaseException as exc:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)

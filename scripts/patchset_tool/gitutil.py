@@ -6,22 +6,28 @@ through `git` here (in the C locale), with the tool's one commit IDENTITY.
 A user's checkout is changed by one rule: the work is done in a scratch
 clone (`scratch_clone`, which writes nothing into the checkout), and its
 result is put in place at the end by `publishing`, with SIGINT, SIGTERM
-and SIGHUP held back, so an interrupt leaves the checkout as it was or
-the whole result in place (`PUBLISHED` says which)."""
+and SIGHUP held back; a step of it that fails is undone, every undo step
+run even when another fails. So an interrupt or a failure leaves the
+checkout as it was or the whole result in place, and the message says
+which (`PUBLISHED`; the failure's message).
+
+The git output the tool reads is the same whatever the user's git
+configuration: no colour, external diff, text conversion, pager or
+prefix option reaches it (`NEUTRAL`, `DIFF_FLAGS`)."""
 
 import contextlib
 import os
 import re
 import shutil
-import signal
 import subprocess
-import tempfile
-import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
+from . import trees
 from .bases import Base, release_order
-from .errors import PatchsetError, Terminated
+from .errors import HELD, PatchsetError, describe_fault, signals_held
 from .series import Patch
 
 FAILED_AT = re.compile(r"error: patch failed: (\S+):(\d+)")
@@ -29,6 +35,7 @@ AM_FAILED = re.compile(r"Patch failed at (\d{4})")
 EXISTS = re.compile(r"error: (\S+): already exists in (?:working directory|index)")
 CORRUPT = re.compile(r"(corrupt patch at line \d+)")
 TOOL_NAME, TOOL_EMAIL = "patchset", "patchset@localhost"
+T = TypeVar("T")
 IDENTITY = ("-c", f"user.name={TOOL_NAME}", "-c", f"user.email={TOOL_EMAIL}")
 """git options that make the tool the author of the commits it makes."""
 
@@ -47,40 +54,63 @@ def git_env(env: dict[str, str] | None = None) -> dict[str, str]:
     fixed = dict(os.environ if env is None else env)
     fixed["LC_ALL"] = "C"
     fixed["GIT_OPTIONAL_LOCKS"] = "0"  # a read (status) never takes a lock
-    fixed.pop("LANGUAGE", None)
+    for name in ("LANGUAGE", "GIT_EXTERNAL_DIFF", "GIT_DIFF_OPTS", "GIT_PAGER"):
+        fixed.pop(name, None)
     return fixed
+
+
+SETTINGS = (
+    "color.ui=never color.diff=never color.status=never color.branch=never "
+    "core.pager=cat diff.noprefix=false diff.mnemonicPrefix=false "
+    "diff.relative=false diff.context=3 log.showSignature=false "
+    "format.attach= format.signOff=false format.subjectPrefix=PATCH "
+    "format.suffix=.patch"
+)
+NEUTRAL = tuple(arg for setting in SETTINGS.split() for arg in ("-c", setting))
+"""Settings of a user's git configuration that would change the output the
+tool reads (aliases never replace git's own commands)."""
+DIFF_FLAGS = {
+    name: ("--no-ext-diff", "--no-textconv", "--no-color")
+    for name in ("diff", "diff-tree", "format-patch", "log", "show")
+}
 
 
 PUBLISHED: list[str] = []
 """What `publishing` put in place in this run (for the interrupt message)."""
-_held: list[list[int]] = []
-"""While `publishing` runs: the signals it held back."""
+Undo = list[Callable[[], object]]
+"""The steps that put back what a publishing step changed, last first."""
 
 
 @contextlib.contextmanager
-def publishing(what: str) -> Iterator[None]:
+def publishing(what: str) -> Iterator[Undo]:
     """Run the body (the step that puts a command's result in place) with
-    SIGINT, SIGTERM and SIGHUP held back, its git in a session of its own
-    (a signal to the process group misses it too); a signal that came
-    meanwhile is raised once `what` is in place. Off the main thread
-    (the parts of `test`), where no signal is delivered, the body just runs."""
-    held: list[int] = []
-    main = threading.current_thread() is threading.main_thread()
-    old = {
-        signum: signal.signal(signum, lambda signum, _: held.append(signum))
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-        if main
-    }
-    _held.append(held)
-    try:
-        yield
+    SIGINT, SIGTERM and SIGHUP held back (`signals_held`), its git in a
+    session of its own (a signal to the process group misses it too). The
+    body registers, before each change, how to put it back; if the body
+    fails, every one of those steps runs (last first, each even when
+    another fails) and the error says whether all is as it was."""
+    undo: Undo = []
+    with signals_held():
+        try:
+            yield undo
+        except Exception as exc:
+            raise _undone(what, exc, undo) from exc
         PUBLISHED.append(what)
-    finally:
-        _held.remove(held)
-        for signum, handler in old.items():
-            signal.signal(signum, handler)
-    if held:
-        raise Terminated(held[0])
+
+
+def publish_folder(dest: Path, write: Callable[[Path], T]) -> T:
+    """`write(folder)` into a staging folder beside `dest`, then put the
+    folder in place of `dest` by `publishing`: an interrupt or a failure
+    leaves `dest` as it was or whole. Return what `write` returned."""
+    with trees.locked(dest), trees.staging(dest) as work:
+        trees.remove_stale(dest)  # only the marked staging folders a killed run left
+        result = write(work / "new")
+        with publishing(str(dest)) as undo:
+            if dest.exists():
+                dest.rename(work / "old")
+                undo.append(partial(os.rename, work / "old", dest))
+            (work / "new").rename(dest)
+    return result
 
 
 def git(
@@ -92,23 +122,54 @@ def git(
 ) -> subprocess.CompletedProcess[str]:
     """Run git in `cwd` (every git the tool runs goes through here, in the
     C locale); raise a PatchsetError with git's message on failure."""
+    at = 0
+    while args[at] == "-c":  # the command follows any `-c key=value`
+        at += 2
+    flags = DIFF_FLAGS.get(args[at], ())
     proc = subprocess.run(
-        [git_exe(), *args],
+        [git_exe(), "--no-pager", *NEUTRAL, *args[: at + 1], *flags, *args[at + 1 :]],
         cwd=cwd,
         text=True,
         input=input,
         capture_output=True,
         env=git_env(env),
-        start_new_session=bool(_held),
+        start_new_session=bool(HELD),
     )
     if check and proc.returncode:
-        full = "no space left on the device; free space and run again: " * (
-            "No space left on device" in proc.stderr
-        )
-        raise PatchsetError(
-            f"{full}git {' '.join(args)} failed in {cwd}:\n{proc.stderr.strip()}"
-        )
+        command = f"git {' '.join(args)}"[:200]
+        if "No space left on device" in proc.stderr:
+            raise PatchsetError(
+                f"no space left on the device ({command} in {cwd}); free space "
+                "and run again"
+            )
+        said = proc.stderr.strip().splitlines()
+        cut = ["..."] * (len(said) > 20) + said[-20:]
+        raise PatchsetError(f"{command} failed in {cwd}:\n" + "\n".join(cut))
     return proc
+
+
+def _undone(what: str, exc: Exception, undo: Undo) -> PatchsetError:
+    """Run every step of `undo`, last first, even when one fails; the
+    error that says what failed and whether all is as it was."""
+    failed = []
+    for step in reversed(undo):
+        try:
+            step()
+        except Exception as broken:  # noqa: BLE001 - the next step still runs
+            failed.append(_one_line(broken))
+    state = "everything is as it was"
+    if failed:
+        state = "and putting it back failed too (check it by hand): " + "; ".join(
+            failed
+        )
+    return PatchsetError(f"could not put {what} in place ({_one_line(exc)}); {state}")
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, PatchsetError):
+        lines = str(exc).splitlines() or [""]
+        return lines[0].rstrip(":") + (f": {lines[-1].strip()}" * (len(lines) > 1))
+    return describe_fault(exc)
 
 
 def working_tree_bytes(repo: Path) -> int:
@@ -352,18 +413,26 @@ def am_series(src: Path, patches: list[Patch]) -> None:
 
 
 @contextlib.contextmanager
-def scratch_clone(src: Path, commit: str = "HEAD") -> Iterator[Path]:
-    """A throw-away clone of `src` checked out at `commit`, sharing its
-    objects (`git clone --shared`) and its committer identity; nothing is
-    written into `src`, whatever happens in the clone. Removed on exit."""
-    with tempfile.TemporaryDirectory(prefix="patchset-scratch-") as tmp:
-        clone = Path(tmp) / "clone"
+def scratch_clone(
+    src: Path, commit: str = "HEAD", sparse: list[str] | None = None
+) -> Iterator[Path]:
+    """A throw-away clone of `src` checked out at `commit` (only the paths
+    `sparse` lists, if given), sharing its objects (`git clone --shared`)
+    and its committer identity; nothing is written into `src`, whatever
+    happens in the clone. Removed on exit."""
+    with trees.scratch("patchset-scratch-") as tmp:
+        clone = tmp / "clone"
         shared = ("--quiet", "--shared", "--no-checkout", str(src), str(clone))
         git("clone", *shared, cwd=src)
         for key in ("user.name", "user.email"):
             value = git("config", "--get", key, cwd=src, check=False).stdout.strip()
             if value:
                 git("config", key, value, cwd=clone)
+        if sparse is not None:
+            git("config", "core.sparseCheckout", "true", cwd=clone)
+            listed = clone / ".git" / "info" / "sparse-checkout"
+            listed.parent.mkdir(parents=True, exist_ok=True)
+            listed.write_text("".join(f"/{path}\n" for path in sparse))
         sha = git("rev-parse", "--verify", f"{commit}^{{commit}}", cwd=src).stdout
         git("checkout", "--quiet", "--detach", sha.strip(), cwd=clone)
         yield clone
@@ -377,3 +446,32 @@ def fetch_commits(src: Path, clone: Path, commits: list[str]) -> None:
         git("update-ref", name, commit, cwd=clone)
     quiet = ("--quiet", "--no-tags", "--no-write-fetch-head")
     git("fetch", *quiet, str(clone), *names, cwd=src)
+
+
+def fast_forward(src: Path, old: str, new: str, undo: Undo) -> None:
+    """Move the clean checkout `src` from commit `old` to `new`: its index
+    and files (refusing to overwrite an untracked file), then HEAD,
+    registering in `undo` how to put each back."""
+    added = git(
+        "diff-tree", "-r", "-z", "--name-only", "--no-renames", "--diff-filter=A",
+        old, new, cwd=src,
+    ).stdout.split("\0")  # fmt: skip
+    ours = [src / p for p in added if p and not os.path.lexists(src / p)]
+    undo.append(partial(git, "read-tree", "--reset", "-u", old, cwd=src))
+    undo.append(partial(_remove, ours, src))
+    git("read-tree", "-m", "-u", old, new, cwd=src)
+    git("update-ref", "-m", "patchset: fast-forward", "HEAD", new, old, cwd=src)
+
+
+def _remove(files: list[Path], top: Path) -> None:
+    """Remove `files` (those that are there) and the folders left empty
+    up to `top`."""
+    for path in files:
+        path.unlink(missing_ok=True)
+        for folder in path.parents:
+            if folder == top or not folder.is_relative_to(top):
+                break
+            if folder.is_dir() and any(folder.iterdir()):
+                break
+            if folder.is_dir():
+                folder.rmdir()

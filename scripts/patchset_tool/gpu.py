@@ -278,10 +278,13 @@ def collect(files_dir: Path, dest: Path, base_failures: set[str] | None = None) 
     `dest` untouched.
     """
     src, out = files_dir.resolve(), dest.resolve()
-    if src == out or out in src.parents or src in out.parents:
+    fresh = out.with_name(out.name + ".incoming")
+    old = out.with_name(out.name + ".previous")
+    if any(src == o or o in src.parents or src in o.parents for o in (out, fresh, old)):
         raise PatchsetError(
-            f"{files_dir}: is the results folder {dest} or overlaps it; name "
-            "the folder the run's $OUT files came back to"
+            f"{files_dir}: is the results folder {dest} (or its .incoming or "
+            ".previous) or overlaps it; name the folder the run's $OUT files "
+            "came back to"
         )
     if not src.is_dir():
         raise PatchsetError(f"{files_dir}: no such folder")
@@ -314,8 +317,6 @@ def collect(files_dir: Path, dest: Path, base_failures: set[str] | None = None) 
     pair = ("junit-pristine.xml", "junit-patched.xml")
     if sum(name in results for name in pair) == 1:
         raise PatchsetError(f"{files_dir}: the results of one tree alone; {kept}")
-    fresh = out.with_name(out.name + ".incoming")
-    old = out.with_name(out.name + ".previous")
     for stale in (fresh, old):
         if stale.exists():
             shutil.rmtree(stale)
@@ -333,16 +334,24 @@ def collect(files_dir: Path, dest: Path, base_failures: set[str] | None = None) 
     for name, outcomes in results.items():
         lines += _summary(Path(name), outcomes)
     if all(name in results for name in pair):
-        problems = compare_trees(
-            results[pair[0]], results[pair[1]], base_failures or set()
-        )
+        pristine, patched = results[pair[0]], results[pair[1]]
+        claimed = base_failures or set()
+        lacking = sorted(claimed - set(pristine) - set(patched))
+        problems = compare_trees(pristine, patched, claimed)
+        held = len(claimed) - len(lacking)
         lines.append(
-            "pristine vs patched: every test the same but the series' claimed "
-            "fixes (red pristine, passed patched)"
+            f"pristine vs patched: every test the same but the {held} claimed "
+            "fix(es) the run holds (red pristine, passed patched)"
             if not problems
             else "pristine vs patched: departures:"
         )
         lines += problems
+        if lacking:
+            lines.append(
+                f"claimed fixes the run lacks ({len(lacking)}; it vouches for "
+                "none of them):"
+            )
+            lines += [f"  {node}" for node in lacking]
     if (out / "bench.log").exists():
         lines.append(f"  benchmark: {dest / 'bench.log'}")
     return "\n".join(lines)

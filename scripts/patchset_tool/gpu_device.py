@@ -11,6 +11,9 @@ warm:
     python3 PART/engine.py run TREE -- CMD...   # any command on one tree
 
 The other verbs first check that every part of `MANIFEST.json` was unpacked.
+Each record carries the stage's manifest (vLLM version, series, parts): the
+first part of another stage unpacked on the same machine removes the first
+stage's files, so that no stage runs on another's trees.
 """
 
 import json
@@ -41,15 +44,32 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def stage_of(part: Path) -> str:
+    """What identifies the stage `part` belongs to, from its manifest."""
+    path = part / "MANIFEST.json"
+    manifest = json.loads(path.read_text()) if path.is_file() else {}
+    return json.dumps({k: manifest.get(k) for k in ("vllm", "series", "parts")})
+
+
 def unpack(part: Path, root: Path) -> None:
-    """Extract `part` into `root` and record it in `root/.parts/`."""
+    """Extract `part` into `root` and record it in `root/.parts/`; the
+    files of another stage unpacked there before are removed first."""
     started = time.time()
+    stage = stage_of(part)
+    record = root / ".stage"
+    if (root / ".parts").is_dir() and (
+        not record.is_file() or record.read_text() != stage
+    ):
+        print(f"engine: {root} holds another stage's files; removing them")
+        shutil.rmtree(root)
+    root.mkdir(parents=True, exist_ok=True)
+    record.write_text(stage)
     for item in sorted(part.iterdir()):
         src = join(item, root) if item.name.endswith(".split") else item
         if src is not None:
             unpack_file(src, root)
     (root / ".parts").mkdir(parents=True, exist_ok=True)
-    (root / ".parts" / part.name).write_text("ok\n")
+    (root / ".parts" / part.name).write_text(stage)
     print(f"engine: unpacked {part.name} into {root} ({time.time() - started:.0f} s)")
 
 
@@ -102,13 +122,16 @@ def _link_tree(src: Path, dest: Path) -> None:
 def prepare(part: Path, root: Path) -> dict:
     """Check every part is unpacked; install the wheels; build both trees."""
     manifest = json.loads((part / "MANIFEST.json").read_text())
-    missing = [p for p in manifest["parts"] if not (root / ".parts" / p).exists()]
+    stage = stage_of(part)
+    records = [root / ".parts" / p for p in manifest["parts"]]
+    missing = [r.name for r in records if not r.is_file() or r.read_text() != stage]
     if missing:
         fail(
             f"part(s) {', '.join(missing)} not unpacked in {root} (the machine "
             "went cold between calls?): run every part's `unpack` again"
         )
-    if not (root / ".ready").exists():
+    ready = root / ".ready"
+    if not ready.is_file() or ready.read_text() != stage:
         wheels = sorted((root / "wheels").glob("*.whl"))
         if wheels:
             done = subprocess.run(
@@ -142,7 +165,7 @@ def prepare(part: Path, root: Path) -> dict:
                     dest = root / f"tree-{tree}" / entry.name
                     if not dest.exists():
                         dest.symlink_to(entry)
-        (root / ".ready").write_text("ok\n")
+        ready.write_text(stage)
     return manifest
 
 

@@ -280,7 +280,7 @@ def split(item: Path, budget: int) -> list[Path]:
 
 
 def build(series: Series, dest: Path, *, with_flashinfer: bool = True) -> dict:
-    """Write the engine stage of `series` into `dest` (emptied first) and
+    """Write the engine stage of `series` into `dest` (absent) and
     return its manifest (`MANIFEST.json`, also in every part)."""
     base = series.base
     python = envmgr.env_python(base)
@@ -288,9 +288,6 @@ def build(series: Series, dest: Path, *, with_flashinfer: bool = True) -> dict:
     site = envmgr.site_packages(python)
     version = gpu.vllm_version(site)
     cache = paths.cache_root()
-    trees.claim_folder(dest, "the engine stage", kind="gpu-engine-stage")
-    if dest.exists():
-        shutil.rmtree(dest)
     work = dest / ".work"
     work.mkdir(parents=True)
     trees.mark(dest, "gpu-engine-stage")
@@ -346,7 +343,8 @@ def stage_engine(series: Series) -> str:
     """Stage vLLM's engine for the GPU machine; return what to run there."""
     base = series.base
     dest = paths.build_dir() / "gpu" / f"engine-{base.version}"
-    manifest = build(series, dest)
+    trees.claim_folder(dest, "the engine stage", kind="gpu-engine-stage")
+    manifest = gitutil.publish_folder(dest, lambda new: build(series, new))
     stage_rel = dest.relative_to(paths.REPO).as_posix()
     calls = device_commands(stage_rel, manifest["parts"])
     lines = [

@@ -67,14 +67,17 @@ def stage_tests(series: Series, bench: bool) -> str:
     if not tests:
         raise PatchsetError(f"{base.expected_skips}: names no GPU test to stage")
     try:
-        gpu.stage(
-            base.patched_tree(),
-            tests,
+        gitutil.publish_folder(
             dest,
-            cache_dir=paths.cache_root() / "gpu-xz",
-            bench=BENCHMARK if bench else None,
-            archives=_flashinfer_archives(base) if bench else (),
-            beside=gitutil.working_tree_bytes(paths.REPO),
+            lambda new: gpu.stage(
+                base.patched_tree(),
+                tests,
+                new,
+                cache_dir=paths.cache_root() / "gpu-xz",
+                bench=BENCHMARK if bench else None,
+                archives=_flashinfer_archives(base) if bench else (),
+                beside=gitutil.working_tree_bytes(paths.REPO),
+            ),
         )
     except ValueError as exc:
         raise PatchsetError(str(exc)) from exc
@@ -95,15 +98,18 @@ def stage_quant_bench(base: Base) -> str:
     dest = paths.build_dir() / "gpu" / f"stage-quant-{base.version}"
     config = paths.SUITE / "glm-5.3-flash-config.json"
     try:
-        gpu.stage(
-            base.patched_tree(),
-            [],
+        gitutil.publish_folder(
             dest,
-            cache_dir=paths.cache_root() / "gpu-xz",
-            bench=QUANT_BENCHMARK,
-            bench_files=(BENCHMARK, config),
-            python_files=gpu.PYTHON_FILES + gpu.QUANT_PYTHON_FILES,
-            beside=gitutil.working_tree_bytes(paths.REPO),
+            lambda new: gpu.stage(
+                base.patched_tree(),
+                [],
+                new,
+                cache_dir=paths.cache_root() / "gpu-xz",
+                bench=QUANT_BENCHMARK,
+                bench_files=(BENCHMARK, config),
+                python_files=gpu.PYTHON_FILES + gpu.QUANT_PYTHON_FILES,
+                beside=gitutil.working_tree_bytes(paths.REPO),
+            ),
         )
     except (FileNotFoundError, ValueError) as exc:
         raise PatchsetError(str(exc)) from exc

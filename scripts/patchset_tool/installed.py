@@ -187,6 +187,13 @@ def verify_site(site: Path, outside: bool = False) -> int:
             f"--reinstall vllm=={install.version.split('+')[0]})"
         )
     print(f"files: all {hashed} match RECORD")
+    if caches := sum(1 for p in (install.site / "vllm").rglob("__pycache__/*")):
+        print(
+            f"bytecode: {caches} file(s) under __pycache__ not checked (RECORD "
+            "lists none; Python recompiles one whose source's size or mtime "
+            "changed, and `find vllm -name __pycache__ -exec rm -r {} +` removes "
+            "them)"
+        )
     return 0
 
 

@@ -10,12 +10,13 @@ description (`docs/pr/NNNN.md`) before a vLLM reviewer reads it.
 - it names a path vLLM does not have (this repository's own, such as
   `scripts/patchset` or `build/test-logs/`);
 - it names a test as run (`file.py::test`) that no recorded log shows
-  (`build/test-logs/`, the GPU results under `build/gpu/`);
+  with an outcome (`build/test-logs/`, the GPU results under `build/gpu/`),
+  or with an outcome (`PASSED`, `FAILED`, ...) no log gives it;
 - it carries the project's placeholder identity.
 """
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +39,12 @@ PATH = re.compile(
     r"|(?<![\w./:-])([\w-]+\.(?:py|md|toml|txt|log|xml|yaml|sh))\b"
 )
 NODE = re.compile(r"([\w/.-]+\.py)::([\w\[\]./,=-]+)")
-JUNIT_CASE = re.compile(r'classname="([\w.]+)" name="([^"]+)"')
+WORD = r"(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)"
+RAN = re.compile(rf"{WORD} {NODE.pattern}|{NODE.pattern} {WORD}\b")
+"""A test with its outcome, as pytest's `-v` and `-rA` lines give it."""
+JUNIT_CASE = re.compile(
+    r'<testcase classname="([\w.]+)" name="([^"]+)"[^>]*?(/>|>.*?</testcase>)', re.S
+)
 
 
 @dataclass
@@ -47,7 +53,8 @@ class Records:
     test ids (`file.py::name`, by file name), and whether a path is vLLM's."""
 
     measurements: str
-    tests: set[str]
+    tests: dict[str, set[str]]
+    """Each test a log shows run, with the outcomes the logs give it."""
     in_vllm: Callable[[str], bool]
 
     @classmethod
@@ -56,15 +63,25 @@ class Records:
     ) -> "Records":
         found = measurements.is_file()
         text = measurements.read_text(encoding="utf-8") if found else ""
-        tests: set[str] = set()
+        tests: dict[str, set[str]] = {}
         for log in logs:
             data = log.read_text(encoding="utf-8", errors="replace")
-            tests |= {test_key(f, n) for f, n in NODE.findall(data)}
-            tests |= {
-                test_key(c.rsplit(".", 1)[-1] + ".py", n)
-                for c, n in JUNIT_CASE.findall(data)
-            }
+            for file, name, outcome in ran(data):
+                tests.setdefault(test_key(file, name), set()).add(outcome)
+            for module, name, body in JUNIT_CASE.findall(data):
+                tag = re.search(r"<(failure|error|skipped)\b", body)
+                outcome = {"failure": "FAILED", "error": "ERROR"}.get(
+                    tag.group(1) if tag else "", "SKIPPED" if tag else "PASSED"
+                )
+                key = test_key(module.rsplit(".", 1)[-1] + ".py", name)
+                tests.setdefault(key, set()).add(outcome)
         return cls(text, tests, in_vllm)
+
+
+def ran(text: str) -> Iterator[tuple[str, str, str]]:
+    """(file, test, outcome) of each test `text` gives an outcome."""
+    for before, file, name, file2, name2, after in RAN.findall(text):
+        yield (file, name, before) if before else (file2, name2, after)
 
 
 def test_key(file: str, name: str) -> str:
@@ -135,9 +152,17 @@ def check(text: str, records: Records) -> list[str]:
     for path in paths_named(text):
         if not records.in_vllm(path.split("::")[0]):
             problems.append(f"names {path}, which vLLM does not have")
+    said = {(file, name): outcome for file, name, outcome in ran(text)}
     for file, name in dict.fromkeys(NODE.findall(text)):
-        if test_key(file, name) not in records.tests:
+        logged = records.tests.get(test_key(file, name), set())
+        claim = said.get((file, name))
+        if not logged:
             problems.append(f"says {file}::{name} ran; no recorded log shows it")
+        elif claim and claim not in logged:
+            problems.append(
+                f"says {file}::{name} {claim}; the recorded logs give "
+                + ", ".join(sorted(logged))
+            )
     if found := PLACEHOLDER.search(text):
         problems.append(f"a placeholder identity: {found.group(0)}")
     return problems

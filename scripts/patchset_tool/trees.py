@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .digests import file_sha256
-from .errors import PatchsetError
+from .errors import PatchsetError, signals_held
 
 MARKER = ".patchset-owned"
 """A tree the tool made holds this file (its content names the kind)."""
@@ -246,6 +246,22 @@ def staging(target: Path) -> Iterator[Path]:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield folder
     finally:
+        remove(folder)
+
+
+@contextlib.contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """A fresh folder in the temporary folder, removed on the way out."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    finally:
+        remove(folder)
+
+
+def remove(folder: Path) -> None:
+    """Remove `folder` whole: a signal meanwhile waits for it."""
+    with signals_held():
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -8,17 +8,17 @@ A work tree records which state of the series its commits hold
 changed since, so that stale commits never overwrite newer patches.
 """
 
+import contextlib
 import os
 import re
 import shutil
 import subprocess
-import tempfile
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from . import gitutil, paths, trees, upstream
 from .apply import apply_patches, write_source_files
-from .bases import Base
+from .bases import Base, release_order
 from .check import base_files
 from .digests import git_blob_id, record_digest
 from .distinfo import check_base, default_install
@@ -54,9 +54,12 @@ def is_own_worktree(work: Path) -> bool:
     )
 
 
-def _stamp_series(work: Path, series: Series) -> None:
-    """Record in `work`'s .git/ that its commits hold `series`."""
-    (work / ".git" / SERIES_STAMP).write_text(series.id + "\n")
+def _stamp_series(work: Path, series: Series) -> dict[Path, bytes | None]:
+    """The write that records in `work`'s .git/ that its commits hold
+    `series` (none for a checkout of the user's, which records nothing)."""
+    if not is_own_worktree(work):
+        return {}
+    return {work / ".git" / SERIES_STAMP: (series.id + "\n").encode()}
 
 
 def _refuse_stale(work: Path, series: Series) -> None:
@@ -150,7 +153,7 @@ def create(dest: Path, base: Base) -> tuple[int, bool]:
         staging = _clone_release(dest, base, work / "tree")
         _prove_source_is_the_wheel(staging, series)
         gitutil.am_series(staging, patches)
-        _stamp_series(staging, series)
+        (staging / ".git" / SERIES_STAMP).write_text(series.id + "\n")
         with gitutil.publishing(f"the work tree {dest}"):
             staging.rename(dest)
     return len(patches), False
@@ -177,10 +180,12 @@ def rebase(source: Base, onto: Base, dest: Path) -> list[str]:
         gitutil.am_series(staging, patches)
         git("branch", "--force", branch, "HEAD", cwd=staging)
         git("checkout", "--quiet", branch, cwd=staging)
-        staging.rename(dest)
-    proc = git(
-        *IDENTITY, "rebase", "--onto", onto.tag, source.tag, cwd=dest, check=False
-    )
+        proc = git(
+            *IDENTITY, "rebase", "--onto", onto.tag, source.tag, cwd=staging,
+            check=False,
+        )  # fmt: skip
+        with gitutil.publishing(f"the work tree {dest}"):
+            staging.rename(dest)
     if proc.returncode:
         raise PatchsetError(
             _rebase_conflict(dest, patches, proc.stdout + proc.stderr, onto)
@@ -215,39 +220,67 @@ def _rebase_conflict(work: Path, patches: list[Patch], output: str, onto: Base) 
 def write_new_series(work: Path, base: Base) -> list[str]:
     """Write every commit after `patchset-base` in `work` as `base`'s
     series (patches, `series` file and overlay); return the patch names."""
-    if (work / ".git" / "rebase-merge").exists() or (
-        work / ".git" / "rebase-apply"
-    ).exists():
-        raise PatchsetError(
-            f"{work}: a rebase is still in progress; resolve it and run "
-            "`git rebase --continue` first"
-        )
     if git("status", "--porcelain", "--untracked-files=no", cwd=work).stdout.strip():
         raise PatchsetError(
             f"{work}: commit or amend the edits into the port's commits first "
             "(the new series is written from commits alone)"
         )
-    base.patches.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".series-", dir=base.patches))
-    try:
+    _refuse_other_base(work, base)
+    log = git("log", "--format=%s", f"{BASE_TAG}..HEAD", cwd=work).stdout
+    ported = [
+        b
+        for b in release_order()
+        if b.series_file.exists()
+        and [p.subject for p in Series.load(b).patches] == log.splitlines()[::-1]
+    ]
+    if not ported or git("rev-list", "--merges", f"{BASE_TAG}..HEAD", cwd=work).stdout:
+        raise PatchsetError(
+            f"{work}: its commits after {BASE_TAG} are not one commit per patch "
+            "of a declared base's series (is the rebase unfinished, or this "
+            f"not `rebase --onto {base.version}`'s work tree?); nothing was written"
+        )
+    with trees.scratch("patchset-series-") as tmp:
         made = git(
             "format-patch",
             "--full-index",
             "-o",
-            str(staging),
+            str(tmp),
             f"{BASE_TAG}..HEAD",
             cwd=work,
         ).stdout.split()
         names = [Path(m).name for m in made]
-        for name in names:
-            (staging / name).rename(base.patches / name)
-        # The series file last: until it exists, the base has no series.
-        (staging / "series").write_text("".join(n + "\n" for n in names))
-        (staging / "series").rename(base.series_file)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    _finish_refresh(work, base)
+        (tmp / "series").write_text("".join(n + "\n" for n in names))
+        fresh = Series(base, load_series(tmp))
+        writes: dict[Path, bytes | None] = {
+            base.patches / n: (tmp / n).read_bytes() for n in [*names, "series"]
+        }
+        head = git("rev-parse", "HEAD", cwd=work).stdout.strip()
+        for path in fresh.touched:
+            writes[base.copy_of(path)] = _blob_at(work, head, path)
+        _publish(work, writes, fresh)
     return names
+
+
+def _refuse_other_base(work: Path, base: Base) -> None:
+    """Raise unless `work`'s HEAD descends from `patchset-base`, and that
+    is `base`'s release tag where `work` has it (a checkout of the user's
+    may lack the tag)."""
+
+    def commit(ref: str) -> str:
+        return git(
+            "rev-parse", "-q", "--verify", f"{ref}^{{commit}}", cwd=work, check=False
+        ).stdout
+
+    at, tag = commit(BASE_TAG), commit(base.tag)
+    descends = git(
+        "merge-base", "--is-ancestor", BASE_TAG, "HEAD", cwd=work, check=False
+    )
+    if not at or descends.returncode or (tag and tag != at):
+        raise PatchsetError(
+            f"{work}: its HEAD does not descend from {BASE_TAG} at vLLM "
+            f"{base.version}'s tag {base.tag}: not a work tree of this base "
+            "(nothing was written)"
+        )
 
 
 def series_commits(
@@ -299,8 +332,8 @@ def _snapshot(work: Path) -> str:
     with a scratch index so that the user's index is left alone."""
     index = Path(git("rev-parse", "--git-path", "index", cwd=work).stdout.strip())
     index = index if index.is_absolute() else work / index
-    with tempfile.TemporaryDirectory(prefix="patchset-index-") as tmp:
-        scratch = Path(tmp) / "index"
+    with trees.scratch("patchset-index-") as tmp:
+        scratch = tmp / "index"
         if index.is_file():
             shutil.copy2(index, scratch)  # its mtime: git's racy-clean check
         env = {**os.environ, "GIT_INDEX_FILE": str(scratch)}
@@ -354,49 +387,18 @@ def _fold(work: Path, target: str, tree: str) -> str:
     left = (
         f"the edits are left uncommitted in {work}, as they were (nothing was changed)"
     )
-    with tempfile.TemporaryDirectory(prefix="patchset-fold-") as tmp:
-        clone = Path(tmp) / "clone"
-        git(
-            "clone",
-            "--quiet",
-            "--shared",
-            "--no-checkout",
-            str(work),
-            str(clone),
-            cwd=work,
-        )
-        git("config", "core.sparseCheckout", "true", cwd=clone)
-        sparse = clone / ".git" / "info" / "sparse-checkout"
-        sparse.parent.mkdir(parents=True, exist_ok=True)
-        sparse.write_text("".join(f"/{path}\n" for path in touched))
-        git("checkout", "--quiet", "--detach", fixup, cwd=clone)
+    with gitutil.scratch_clone(work, fixup, sparse=touched) as clone:
         proc = git(
-            *IDENTITY,
-            "rebase",
-            "--quiet",
-            "-i",
-            "--autosquash",
-            f"{target}^",
-            cwd=clone,
-            env=env,
-            check=False,
-        )
+            *IDENTITY, "rebase", "--quiet", "-i", "--autosquash", f"{target}^",
+            cwd=clone, env=env, check=False,
+        )  # fmt: skip
         if proc.returncode:
             raise PatchsetError(
                 f"folding the edits into {target[:12]} conflicts with a later "
                 f"patch; {left}.\n{proc.stdout}{proc.stderr}"
             )
-        git("branch", "--quiet", "patchset-folded", "HEAD", cwd=clone)
         folded = git("rev-parse", "HEAD", cwd=clone).stdout.strip()
-        git(
-            "fetch",
-            "--quiet",
-            "--no-tags",
-            "--no-write-fetch-head",
-            str(clone),
-            "refs/heads/patchset-folded",
-            cwd=work,
-        )
+        gitutil.fetch_commits(work, clone, [folded])
     if git("rev-parse", f"{folded}^{{tree}}", cwd=work).stdout.strip() != tree:
         raise PatchsetError(
             f"folding the edits into {target[:12]} changes what a later patch "
@@ -424,6 +426,7 @@ def refresh(number: int, work: Path, base: Base) -> list[str]:
     series = Series.load(base)
     patches = series.patches
     _refuse_stale(work, series)
+    _refuse_other_base(work, base)
     _refuse_unrefreshed_copies(work, series)
     new = int(number == len(patches) + 1)
     if not 1 <= number <= len(patches) + new:
@@ -434,8 +437,7 @@ def refresh(number: int, work: Path, base: Base) -> list[str]:
     if _refuse_unfoldable(work, tree, base):
         head = _fold(work, commits[number - 1], tree)
         commits = series_commits(work, patches, new=new, head=head)
-    with tempfile.TemporaryDirectory(prefix="patchset-refresh-") as tmp:
-        staging = Path(tmp)
+    with trees.scratch("patchset-refresh-") as staging:
         names = [p.name for p in patches]
         texts = {p.name: p.path.read_text() for p in patches}
         for patch, commit in list(zip(patches, commits))[number - 1 :]:
@@ -471,12 +473,8 @@ def refresh(number: int, work: Path, base: Base) -> list[str]:
         if new:
             writes[base.series_file] = (staging / "series").read_bytes()
         writes.update(overlay)
-    changed = [n for n in names if base.patches / n in writes]
-    with gitutil.publishing(f"the refreshed series (and {work}'s commits)"):
-        _replace_all(writes, lambda: _move_work(work, head))
-    if is_own_worktree(work):
-        _stamp_series(work, Series.load(base))
-    _note_strays(base, fresh_series)
+        changed = [n for n in names if base.patches / n in writes]
+        _publish(work, writes, fresh_series, head)
     _note_untracked(work)
     return changed
 
@@ -520,47 +518,71 @@ def _blob_at(work: Path, commit: str, path: str) -> bytes | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def _move_work(work: Path, head: str) -> None:
-    """Point `work`'s branch at `head` (the folded series) with the index
-    to match; its files, which already hold the folded edits, stay."""
-    if git("rev-parse", "HEAD", cwd=work).stdout.strip() != head:
-        git("reset", "--quiet", "--mixed", head, cwd=work)
-
-
-def _replace_all(writes: dict[Path, bytes | None], last: Callable[[], None]) -> None:
-    """Write every file of `writes` (None: remove it), then run `last`; on
-    any failure or interrupt, put every file back as it was and re-raise."""
-    done: list[tuple[Path, bytes | None]] = []
-    try:
-        for target, data in writes.items():
-            old = target.read_bytes() if target.is_file() else None
-            done.append((target, old))
-            if data is None:
-                target.unlink(missing_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            temp = target.with_name(f".{target.name}.patchset-new")
-            temp.write_bytes(data)
-            os.replace(temp, target)
-        last()
-    except BaseException:
-        for target, old in reversed(done):
-            target.with_name(f".{target.name}.patchset-new").unlink(missing_ok=True)
-            if old is None:
-                target.unlink(missing_ok=True)
-            else:
-                target.write_bytes(old)
-        raise
-
-
-def _note_strays(base: Base, series: Series) -> None:
-    for stale in paths.files_under(base.overlay):
-        rel = stale.relative_to(base.overlay).as_posix()
+def _publish(
+    work: Path, writes: dict[Path, bytes | None], series: Series, head: str = ""
+) -> None:
+    """In one step that signals wait for, and undone whole if it fails:
+    write every file of `writes` (None: remove it) and the series stamp
+    of `work`, then point `work`'s branch at `head` (the folded series)
+    with the index to match (its files already hold the folded edits)."""
+    writes = {**writes, **_stamp_series(work, series)}
+    with gitutil.publishing(f"the refreshed series (and {work}'s commits)") as undo:
+        kept = [_replace(target, data, undo) for target, data in writes.items()]
+        old = git("rev-parse", "HEAD", cwd=work).stdout.strip()
+        if head and old != head:
+            git("update-ref", "-m", "patchset refresh", "HEAD", head, old, cwd=work)
+            undo.append(partial(git, "update-ref", "HEAD", old, head, cwd=work))
+            git("read-tree", head, cwd=work)
+            git("update-index", "-q", "--refresh", cwd=work, check=False)
+        for keep in filter(None, kept):
+            with contextlib.suppress(OSError):
+                keep.unlink()
+    for stale in paths.files_under(series.base.overlay):
+        rel = stale.relative_to(series.base.overlay).as_posix()
         if rel not in series.touched:
             print(
                 f"note: {stale} is in no patch; left in place for you to "
                 "move into a patch or delete (`check` reports it)"
             )
+
+
+def _replace(target: Path, data: bytes | None, undo: gitutil.Undo) -> Path | None:
+    """Put `data` at `target` (None: remove it), registering in `undo`
+    how to put it back; the hard link that keeps the old file until the
+    step is over (removed after it), if there was one."""
+    missing = [d for d in [target.parent, *target.parent.parents] if not d.exists()]
+    for folder in reversed(missing):
+        undo.append(partial(_remove, folder))
+        folder.mkdir()
+    new = target.with_name(f".{target.name}.patchset-new")
+    keep = target.with_name(f".{target.name}.patchset-old")
+    undo += [partial(_remove, new), partial(_remove, keep)]
+    if data is None and not target.is_file():
+        return None
+    if data is not None:
+        new.write_bytes(data)
+    if not target.is_file():
+        undo.append(partial(_remove, target))
+        os.replace(new, target)
+        return None
+    _remove(keep)
+    os.link(target, keep)
+    undo.append(partial(os.replace, keep, target))
+    if data is None:
+        target.unlink()
+    else:
+        os.replace(new, target)
+    return keep
+
+
+def _remove(path: Path) -> None:
+    """Remove the file `path`, or the folder if it is empty, where it is
+    there (a read-only filesystem refuses even to remove what is not)."""
+    if path.is_dir() and not path.is_symlink():
+        if not any(path.iterdir()):
+            path.rmdir()
+    elif os.path.lexists(path):
+        path.unlink()
 
 
 def _note_untracked(work: Path) -> None:
@@ -596,31 +618,3 @@ def _refuse_unrefreshed_copies(work: Path, series: Series) -> None:
             "overwritten; copy them into the work tree (or restore them) "
             "first:\n  " + "\n  ".join(str(e) for e in edited)
         )
-
-
-def _finish_refresh(work: Path, base: Base) -> None:
-    """After writing `base`'s series from `work`: update the overlay and
-    record that `work` holds the series now."""
-    series = Series.load(base)
-    _update_copies(work, series)
-    if is_own_worktree(work):
-        _stamp_series(work, series)
-
-
-def _update_copies(work: Path, series: Series) -> None:
-    """Make the base's overlay equal the work tree's result of `series`."""
-    base, touched = series.base, series.touched
-    for path in touched:
-        source, target = work / path, base.copy_of(path)
-        if source.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, target)
-        elif target.exists():
-            target.unlink()
-    for stale in paths.files_under(base.overlay):
-        rel = stale.relative_to(base.overlay).as_posix()
-        if rel not in touched:
-            print(
-                f"note: {stale} is in no patch; left in place for you to "
-                "move into a patch or delete (`check` reports it)"
-            )

@@ -152,3 +152,12 @@ def series(project: Project, pristine_site: Path, tmp_path: Path) -> Iterator[Pa
     """The project with the two-patch series; yields the git repository the
     patches were made in."""
     yield write_series(project, pristine_site, two_patches(), tmp_path)
+
+
+@pytest.fixture
+def work(project: Project, series: Path, history: Path, tmp_path: Path) -> Path:
+    """`patchset worktree`: the release's source plus the series."""
+    dest = tmp_path / "work"
+    result = project.patchset("worktree", "--dest", str(dest))
+    assert result.returncode == 0, result.stderr
+    return dest

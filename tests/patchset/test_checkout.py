@@ -28,15 +28,6 @@ def checkout(series: Path, tmp_path: Path) -> Path:
     return clone
 
 
-@pytest.fixture
-def work(project: Project, series: Path, history: Path, tmp_path: Path) -> Path:
-    """`patchset worktree`: the release's source plus the series."""
-    dest = tmp_path / "work"
-    result = project.patchset("worktree", "--dest", str(dest))
-    assert result.returncode == 0, result.stderr
-    return dest
-
-
 def state(repo: Path) -> tuple[str, str]:
     return (git("rev-parse", "HEAD", cwd=repo), git("status", "--porcelain", cwd=repo))
 
@@ -138,6 +129,7 @@ def test_a_full_temporary_disk_is_said_first(
     result = in_mount_namespace(script, project.root, project.env)
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith("patchset: error: no space left on the device")
+    assert result.stderr.count("\n") == 1, "one line, not git's every file"
 
 
 def test_refresh_regenerates_patch_and_overlay(project: Project, work: Path) -> None:

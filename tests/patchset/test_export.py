@@ -250,6 +250,35 @@ def test_check_takes_a_test_the_gpu_results_show(
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+FAILED = 'name="test_probe"><failure/></testcase>'
+
+
+@pytest.mark.parametrize(
+    "log, problem",
+    [
+        (
+            f"{PROBE_TEST}::test_probe SKIPPED (needs a GPU)\n",
+            "the recorded logs give SKIPPED",
+        ),
+        (f"ERROR collecting {PROBE_TEST}::test_probe\n", "no recorded log shows it"),
+        (
+            f'<testcase classname="{PROBE_TEST[:-3].replace("/", ".")}" {FAILED}',
+            "the recorded logs give FAILED",
+        ),
+    ],
+    ids=["skipped", "named-not-run", "junit-failed"],
+)
+def test_check_takes_a_test_as_run_only_with_the_outcome_its_log_gives(
+    project: Project, checkout: Path, env: dict[str, str], log: str, problem: str
+) -> None:
+    logs = project.root / "build" / "test-logs"
+    logs.mkdir(parents=True)
+    (logs / "model-tests.log").write_text(log)
+    result = check(project, env, GOOD + RAN, checkout)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert problem in result.stdout
+
+
 LONG = "word " * 701
 
 
@@ -387,7 +416,7 @@ def test_a_failure_after_the_first_branch_leaves_no_branch(
         str(out),
     )
     assert result.returncode == 1
-    assert "could not create the branches" in result.stderr and "x/y" in result.stderr
+    assert "could not put branches x, x/y" in result.stderr and "x/y" in result.stderr
     assert "Traceback" not in result.stderr
     assert state(checkout) == before
     assert not out.exists()

@@ -49,14 +49,29 @@ def assert_one_error(result: subprocess.CompletedProcess[str], code: int = 1) ->
             ["coverage", "--pristine", "--config", "/nonexistent.json"],
             "/nonexistent.json: No such file",
         ),
+        (
+            ["capacity", "--max-num-batched-tokens", "9" * 30],
+            "is not below 2**31",
+        ),
     ],
-    ids=["tp-0", "budget-negative", "budget-inf", "config-missing"],
+    ids=["tp-0", "budget-negative", "budget-inf", "config-missing", "tokens-huge"],
 )
 def test_report_arguments_are_checked_in_the_parser(
     argv: list[str], words: str
 ) -> None:
     result = tool(*argv)
     assert words in assert_one_error(result, code=2)
+
+
+@pytest.mark.parametrize("report", ["coverage", "capacity"])
+@pytest.mark.parametrize("own", ["--pristine", "--base=0.33.0"])
+def test_a_batch_case_with_the_tools_own_option_is_refused(
+    tmp_path: Path, report: str, own: str
+) -> None:
+    batch = tmp_path / "cases.json"
+    batch.write_text(f'[["--json"], ["{own}"]]')
+    result = tool(report, "--batch", str(batch))
+    assert f"case 2 gives {own}" in assert_one_error(result)
 
 
 def test_ctrl_c_while_the_parser_is_built(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from projectkit import INIT, PROBE, Project, git
-from test_checkout import checkout, work  # noqa: F401 (fixtures)
+from test_checkout import checkout  # noqa: F401 (fixture)
 
 from patchset_tool import gitutil
 

@@ -186,6 +186,37 @@ def test_device_script_unpacks_parts_and_builds_both_trees(tmp_path: Path) -> No
         assert (root / f"tree-{tree}/vllm/_C.abi3.so").read_bytes() == b"so"
 
 
+def engine_stage(stage: Path, series: str, patched: bytes) -> Path:
+    """A two-part engine stage of `series` whose patched model.py is `patched`."""
+    manifest = json.dumps(
+        {"vllm": "0.34.0", "series": series, "parts": ["part1", "part2"]}
+    )
+    for part in ("part1", "part2"):
+        (stage / part).mkdir(parents=True)
+        (stage / part / "MANIFEST.json").write_text(manifest)
+    (stage / "part1" / "ext-vllm+_C.abi3.so.xz").write_bytes(lzma.compress(b"so"))
+    tar_xz(stage / "part2" / "vllm-py.tar.xz", {"vllm/model.py": b"OLD = 1\n"})
+    tar_xz(stage / "part2" / "vllm-patched.tar.xz", {"vllm/model.py": patched})
+    return stage
+
+
+def test_a_second_stage_on_a_warm_machine_never_runs_on_the_first_ones_trees(
+    tmp_path: Path,
+) -> None:
+    first = engine_stage(tmp_path / "a", "aaaa", b"NEW = 1\n")
+    second = engine_stage(tmp_path / "b", "bbbb", b"NEW = 2\n")
+    root = tmp_path / "root"
+    for part in ("part1", "part2"):
+        gpu_device.unpack(first / part, root)
+    gpu_device.prepare(first / "part2", root)
+    gpu_device.unpack(second / "part2", root)
+    with pytest.raises(SystemExit):
+        gpu_device.prepare(second / "part2", root)  # its part1 never unpacked
+    gpu_device.unpack(second / "part1", root)
+    gpu_device.prepare(second / "part2", root)
+    assert (root / "tree-patched/vllm/model.py").read_text() == "NEW = 2\n"
+
+
 def junit(path: Path, cases: dict[str, str]) -> Path:
     rows = []
     for node, outcome in cases.items():
@@ -218,6 +249,27 @@ def test_collect_compares_trees_and_replaces_the_results_whole(tmp_path: Path) -
     junit(run / "junit-patched.xml", {FIX: "passed", UP: "failed"})
     report = gpu.collect(run, dest, {FIX})
     assert f"{UP}: passed pristine, failed patched" in report
+
+
+def test_collect_claims_only_the_fixes_the_run_holds(tmp_path: Path) -> None:
+    run = a_run(tmp_path, "out")
+    lacking = "tests/config/test_draft_kv_cache_dtype.py::test_drafter"
+    report = gpu.collect(run, tmp_path / "results", {FIX, lacking})
+    assert "departures" not in report
+    assert "the 1 claimed fix(es) the run holds" in report
+    assert (
+        f"claimed fixes the run lacks (1; it vouches for none of them):\n  {lacking}"
+        in report
+    )
+
+
+@pytest.mark.parametrize("folder", [".previous", ".incoming"])
+def test_collect_refuses_its_own_scratch_folders(tmp_path: Path, folder: str) -> None:
+    dest = tmp_path / "results"
+    own = a_run(tmp_path, "results" + folder)
+    with pytest.raises(PatchsetError, match="overlaps"):
+        gpu.collect(own, dest)
+    assert (own / "device.txt").is_file(), "left as it was"
 
 
 def test_collect_refuses_an_empty_run_and_its_own_folder(tmp_path: Path) -> None:

@@ -167,10 +167,14 @@ def test_verify_install_checks_a_pip_target_folder(
     is checked; a one-byte drift is named."""
     target = tmp_path / "target"
     shutil.copytree(pristine_site, target, symlinks=True)
+    cache = target / "vllm" / "__pycache__" / "version.cpython-312.pyc"
+    cache.parent.mkdir(exist_ok=True)
+    cache.write_bytes(b"not checked, and said so")
     good = project.patchset("verify-install", str(target))
     assert good.returncode == 0, good.stderr
     assert f"site-packages: {target}" in good.stdout
     assert "match RECORD" in good.stdout
+    assert "bytecode: 1 file(s) under __pycache__ not checked" in good.stdout
     version = target / "vllm" / "version.py"
     version.write_bytes(version.read_bytes() + b"#")
     drifted = project.patchset("verify-install", str(target))

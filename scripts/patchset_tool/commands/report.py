@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     reports = importlib.import_module("patchset_tool.reports.cli")
     if {"-h", "--help"} & set(args.report_args):
         reports.parse_report_args([args.report, "--help"])
-    if "--batch" not in args.report_args:
+    if reports.batch_arguments(args.report_args) is None:
         reports.parse_report_args([args.report, *args.report_args])
     base = chosen_base(args)
     envmgr.setup(base)

@@ -56,7 +56,15 @@ def batch_arguments(argv: list[str]) -> list[list[str]] | None:
         sys.exit(f"patchset: error: --batch {argv[where + 1]}: not JSON ({exc})")
     if not isinstance(cases, list) or not all(isinstance(c, list) for c in cases):
         sys.exit(f"{argv[where + 1]}: expected a JSON list of argument lists")
-    return [[str(arg) for arg in case] for case in cases]
+    cases = [[str(arg) for arg in case] for case in cases]
+    for number, case in enumerate(cases, 1):
+        if own := [a for a in case if a.split("=")[0] in ("--base", "--pristine")]:
+            sys.exit(
+                f"patchset: error: --batch {argv[where + 1]}: case {number} gives "
+                f"{own[0][:40]}, which is for the whole batch: put it before "
+                "--batch (every case runs on one tree)"
+            )
+    return cases
 
 
 def add_tool_options(parser: argparse.ArgumentParser) -> None:
@@ -114,7 +122,7 @@ def main(argv: list[str] | None = None, reports: Mapping[str, Report] = REPORTS)
         start = time.monotonic()
         try:
             result = report.measure(args)
-        except (ValueError, TypeError) as exc:  # vLLM's own checks of them
+        except (ValueError, TypeError, OverflowError) as exc:  # vLLM's checks
             why = " ".join(str(exc).split())[:300]
             print(f"patchset {args.report}: error: {why}", file=sys.stderr)
             return 2

@@ -281,6 +281,8 @@ def positive(convert: type[int] | type[float]) -> Any:
             raise argparse.ArgumentTypeError(f"{text[:40]} is not above 0")
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text[:40]} is not finite")
+        if convert is int and value >= 2**31:
+            raise argparse.ArgumentTypeError(f"{text[:40]} is not below 2**31")
         return value
 
     parse.__name__ = convert.__name__
