@@ -231,6 +231,7 @@ def test_capacity_takes_flashmla_sparse_workspace_from_the_budget(version, prist
     if pristine:  # fp8 stays on FlashInfer's per-tensor rows
         assert fp8["workspace_bytes"] == 0
         return
-    # FlashMLA sparse on fp8_ds_mla reserves its prefill buffers at load.
-    assert fp8["workspace_bytes"] > 2**30, "over a GiB at 8192 tokens, TP8"
+    # FlashMLA sparse's mixed batch (8 heads at TP8) reserves its query and
+    # one chunk's padded query and output at load, not the prefill path's.
+    assert 0 < fp8["workspace_bytes"] < 0.3 * 2**30, "at 8192 tokens, TP8"
     assert fp8["vllm_tokens_less_workspace"] < fp8["vllm_tokens"]
