@@ -214,7 +214,8 @@ class SparseMLACommonMetadataBuilder(AttentionMetadataBuilder[T]):
         workspace_head_size = (
             self.mla_dims.kv_lora_rank + self.mla_dims.qk_rope_head_dim
         )
-        if getattr(kv_cache_spec, "cache_dtype_str", None) == "fp8_ds_mla":
+        cache_dtype = getattr(kv_cache_spec, "cache_dtype_str", None)
+        if (cache_dtype or vllm_config.cache_config.cache_dtype) == "fp8_ds_mla":
             # The upconvert writes fp8_ds_mla's rows whole: 576 wide, with
             # the zero RoPE slot of a NoPE model.
             workspace_head_size = self.mla_dims.kv_lora_rank + 64

@@ -1359,12 +1359,16 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
         batch's workspace for these heads, the tokens go in chunks of at most
         FP8_MIXED_BATCH_CHUNK, padded and written there."""
         buffers: tuple[torch.Tensor, torch.Tensor] | None = None
-        if self.fp8_mixed_batch_reserved:
+        # ShardQ's second, all-head call of a step comes while the step's
+        # decode output, a view of the reserved output, is still unread: such
+        # calls allocate their own.
+        if self.fp8_mixed_batch_reserved and (
+            q.shape[1] <= self.num_heads * self.dcp_world_size
+        ):
             *_, q_padded, out_padded = current_workspace_manager().get_simultaneous(
                 *self.workspace_specs
             )
-            if q_padded.shape[1] == self._compute_fp8_decode_padded_heads(q.shape[1]):
-                buffers = q_padded, out_padded
+            buffers = q_padded, out_padded
         num_tokens = q.shape[0]
         if buffers is None or num_tokens <= buffers[0].shape[0]:
             out, lse = self._fp8_flash_mla_kernel(
