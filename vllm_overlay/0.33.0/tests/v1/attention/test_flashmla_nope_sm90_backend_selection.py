@@ -268,30 +268,34 @@ def test_sm100_576_priority_unchanged():
     assert order[0] == "FLASHMLA_SPARSE", order
 
 
-# drafter method and attention_backend, cache dtype: refused
+# drafter method, attention_backend and own dtype, cache dtype: refused
+FI = "FLASHINFER_MLA_SPARSE_SM90"
 MTP_DRAFTERS = {
-    "mtp-on-flashinfer": ("mtp", "FLASHINFER_MLA_SPARSE_SM90", "fp8", True),
-    "mtp-on-flashmla": ("mtp", "FLASHMLA_SPARSE", "fp8", False),
-    "mtp-unpinned": ("mtp", None, "fp8_e4m3", False),
-    "eagle3-on-flashinfer": ("eagle3", "FLASHINFER_MLA_SPARSE_SM90", "fp8", False),
-    "explicit-fp8_ds_mla": ("mtp", "FLASHINFER_MLA_SPARSE_SM90", "fp8_ds_mla", False),
-    "bf16-cache": ("mtp", "FLASHINFER_MLA_SPARSE_SM90", "auto", False),
+    "mtp-on-flashinfer": ("mtp", FI, None, "fp8", True),
+    "mtp-own-dtype": ("mtp", None, "auto", "fp8", True),
+    "mtp-on-flashmla": ("mtp", "FLASHMLA_SPARSE", None, "fp8", False),
+    "mtp-naming-fp8_ds_mla": ("mtp", None, "fp8_ds_mla", "fp8_e4m3", False),
+    "eagle3-on-flashinfer": ("eagle3", FI, "auto", "fp8", False),
+    "explicit-fp8_ds_mla": ("mtp", FI, None, "fp8_ds_mla", False),
+    "bf16-cache": ("mtp", FI, None, "auto", False),
 }
 
 
 @pytest.mark.parametrize(
-    ("method", "backend", "kv_cache_dtype", "refused"),
+    ("method", "backend", "draft_dtype", "kv_cache_dtype", "refused"),
     list(MTP_DRAFTERS.values()),
     ids=list(MTP_DRAFTERS),
 )
 def test_nope_512_refused_where_mtp_drafter_cannot_share_fp8_ds_mla(
-    method, backend, kv_cache_dtype, refused, monkeypatch
+    method, backend, draft_dtype, kv_cache_dtype, refused, monkeypatch
 ):
     import vllm.config as cfg
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     backend = backend and AttentionBackendEnum[backend]
-    spec = SimpleNamespace(method=method, attention_backend=backend)
+    spec = SimpleNamespace(
+        method=method, attention_backend=backend, kv_cache_dtype=draft_dtype
+    )
     model = SimpleNamespace(hf_text_config=SimpleNamespace(qk_rope_head_dim=0))
     config = SimpleNamespace(model_config=model, speculative_config=spec)
     monkeypatch.setattr(cfg, "get_current_vllm_config", lambda: config)

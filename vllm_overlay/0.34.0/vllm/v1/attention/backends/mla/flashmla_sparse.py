@@ -291,23 +291,28 @@ class FlashMLASparseBackend(AttentionBackend):
 def _mtp_drafter_cannot_share(vllm_config: VllmConfig) -> str | None:
     """Why an MTP drafter cannot share the fp8_ds_mla rows MLAAttention writes
     into the cache config it shares with the target: its attention_backend
-    does not store them. Such a target keeps FlashInfer's per-tensor rows, as
+    does not store them, or it names a cache dtype of its own, whose rows
+    would sit beside the target's 656-byte ones (page planning for such a
+    mix is not shown). Such a target keeps FlashInfer's per-tensor rows, as
     it did before fp8 and fp8_e4m3 came here at head size 512."""
     spec = vllm_config.speculative_config
-    if spec is None or spec.method != "mtp" or spec.attention_backend is None:
+    if spec is None or spec.method != "mtp":
         return None
     backend = spec.attention_backend
-    if backend.get_class().supports_kv_cache_dtype("fp8_ds_mla"):
+    if backend is not None and not backend.get_class().supports_kv_cache_dtype(
+        "fp8_ds_mla"
+    ):
+        reason = f"its attention_backend {backend.name}"
+    elif spec.kv_cache_dtype not in (None, "fp8_ds_mla"):
+        reason = f"its own kv_cache_dtype {spec.kv_cache_dtype}"
+    else:
         return None
     logger.info_once(
-        "The MTP drafter's attention_backend %s cannot share fp8_ds_mla rows: "
-        "the target keeps per-tensor fp8 rows.",
-        backend.name,
+        "The MTP drafter cannot share fp8_ds_mla rows (%s): the target keeps "
+        "per-tensor fp8 rows.",
+        reason,
     )
-    return (
-        f"the MTP drafter's attention_backend {backend.name} cannot share "
-        "fp8_ds_mla rows"
-    )
+    return f"the MTP drafter cannot share fp8_ds_mla rows ({reason})"
 
 
 def gathered_prefill_shards(
