@@ -1389,13 +1389,16 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
         lses = []
         for start in range(0, num_tokens, chunk):
             end = min(start + chunk, num_tokens)
+            metadata = kernel_metadata
+            tail = kernel_metadata.tail_scheduler_metadata
+            if end - start < chunk and tail is not None:
+                metadata = replace(kernel_metadata, scheduler_metadata=tail)
             chunk_out, chunk_lse = self._fp8_flash_mla_kernel(
                 q[None, start:end],
                 kv_pages,
                 topk_indices[None, start:end],
-                kernel_metadata,
+                metadata,
                 buffers=buffers,
-                tail=end - start < chunk,
             )
             out[start:end] = chunk_out[0]
             lses.append(chunk_lse)
@@ -1408,7 +1411,6 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
         topk_indices: torch.Tensor,
         kernel_metadata: FlashMLASparseMetadata.FP8KernelMetadata,
         buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
-        tail: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # q shape: (batch, seq_len, num_heads, head_dim); `buffers`, for a
         # batch of one: the head-padded query and the output to use.
@@ -1431,9 +1433,6 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
                 q_padded[:, :, actual_num_heads:].zero_()
             q_padded[:, :, :actual_num_heads, :] = q
             q = q_padded
-        scheduler_metadata = kernel_metadata.scheduler_metadata
-        if tail and kernel_metadata.tail_scheduler_metadata is not None:
-            scheduler_metadata = kernel_metadata.tail_scheduler_metadata
 
         out, lse = flash_mla_with_kvcache(
             q=q,
@@ -1441,7 +1440,7 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
             block_table=kernel_metadata.dummy_block_table,
             head_dim_v=512,
             cache_seqlens=kernel_metadata.cache_lens,
-            tile_scheduler_metadata=scheduler_metadata,
+            tile_scheduler_metadata=kernel_metadata.scheduler_metadata,
             is_fp8_kvcache=True,
             indices=topk_indices,
             softmax_scale=self.softmax_scale,

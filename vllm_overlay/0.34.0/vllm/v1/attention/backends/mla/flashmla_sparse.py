@@ -1442,14 +1442,17 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
         lses = []
         for start in range(0, num_tokens, chunk):
             end = min(start + chunk, num_tokens)
+            metadata = kernel_metadata
+            tail = kernel_metadata.tail_scheduler_metadata
+            if end - start < chunk and tail is not None:
+                metadata = replace(kernel_metadata, scheduler_metadata=tail)
             chunk_out, chunk_lse = self._fp8_flash_mla_kernel(
                 q[None, start:end],
                 kv_pages,
                 topk_indices[None, start:end],
-                kernel_metadata,
+                metadata,
                 topk_length,
                 buffers=buffers,
-                tail=end - start < chunk,
             )
             out[start:end] = chunk_out[0]
             lses.append(chunk_lse)
@@ -1463,7 +1466,6 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
         kernel_metadata: FlashMLASparseMetadata.FP8KernelMetadata,
         topk_length: torch.Tensor | None = None,
         buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
-        tail: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # q shape: (batch, seq_len, num_heads, head_dim); `buffers`, for a
         # batch of one: the head-padded query and the output to use.
@@ -1486,9 +1488,6 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
                 q_padded[:, :, actual_num_heads:].zero_()
             q_padded[:, :, :actual_num_heads, :] = q
             q = q_padded
-        scheduler_metadata = kernel_metadata.scheduler_metadata
-        if tail and kernel_metadata.tail_scheduler_metadata is not None:
-            scheduler_metadata = kernel_metadata.tail_scheduler_metadata
 
         out, lse = flash_mla_with_kvcache(
             q=q,
@@ -1499,7 +1498,9 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
             # The shared schedule is only valid without `topk_length`; a fresh
             # one is rebuilt from this call's length.
             tile_scheduler_metadata=(
-                scheduler_metadata if topk_length is None else get_mla_metadata()[0]
+                kernel_metadata.scheduler_metadata
+                if topk_length is None
+                else get_mla_metadata()[0]
             ),
             is_fp8_kvcache=True,
             indices=topk_indices,
