@@ -197,15 +197,7 @@ class HYV4FlashMLASparseImpl(FlashMLASparseImpl):
                 f"Padding num_heads from {actual_num_heads} to "
                 f"{padded_num_heads} for FP8 sparse decode kernel"
             )
-            if buffers is None:
-                q_padded = q.new_zeros(
-                    (q.size(0), q.size(1), padded_num_heads, q.size(3))
-                )
-            else:  # FlashMLASparseImpl._fp8_mixed_batch_kernel's chunk buffers
-                q_padded = buffers[0][None, : q.size(1)]
-                q_padded[:, :, actual_num_heads:].zero_()
-            q_padded[:, :, :actual_num_heads, :] = q
-            q = q_padded
+            q = self._pad_fp8_query(q, padded_num_heads, buffers)
 
         out, lse = flash_mla_with_kvcache(
             q=q,

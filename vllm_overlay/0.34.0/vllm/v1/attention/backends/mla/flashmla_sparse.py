@@ -1458,6 +1458,23 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
             lses.append(chunk_lse)
         return out, torch.cat(lses, dim=-1)
 
+    @staticmethod
+    def _pad_fp8_query(
+        q: torch.Tensor,
+        padded_num_heads: int,
+        buffers: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """`q` (batch, seq_len, heads, head_dim) with its heads zero-padded to
+        `padded_num_heads`: in the mixed batch's chunk buffer where one is
+        given (a batch of one), else in a new tensor."""
+        if buffers is None:
+            q_padded = q.new_zeros((q.size(0), q.size(1), padded_num_heads, q.size(3)))
+        else:
+            q_padded = buffers[0][None, : q.size(1)]
+            q_padded[:, :, q.size(2) :].zero_()
+        q_padded[:, :, : q.size(2)] = q
+        return q_padded
+
     def _fp8_flash_mla_kernel(
         self,
         q: torch.Tensor,
@@ -1479,15 +1496,7 @@ class FlashMLASparseImpl(SparseMLACommonImpl[FlashMLASparseMetadata]):
                 f"Padding num_heads from {actual_num_heads} to "
                 f"{padded_num_heads} for FP8 sparse decode kernel"
             )
-            if buffers is None:
-                q_padded = q.new_zeros(
-                    (q.size(0), q.size(1), padded_num_heads, q.size(3))
-                )
-            else:
-                q_padded = buffers[0][None, : q.size(1)]
-                q_padded[:, :, actual_num_heads:].zero_()
-            q_padded[:, :, :actual_num_heads, :] = q
-            q = q_padded
+            q = self._pad_fp8_query(q, padded_num_heads, buffers)
 
         out, lse = flash_mla_with_kvcache(
             q=q,
